@@ -1,0 +1,1 @@
+//! The key-value layer: the rendezvous and the worker-facing store.
