@@ -2,4 +2,13 @@
 //!
 //! `main.rs` is thin; every concept lives in one module here. See `ARCHITECTURE.md` for the map.
 
+pub mod agent;
+pub mod cli;
+pub mod config;
+pub mod gpu;
+pub mod host;
+pub mod signals;
 pub mod store;
+pub mod supervisor;
+pub mod telemetry;
+pub mod template;

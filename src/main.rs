@@ -1,1 +1,85 @@
-fn main() {}
+//! The `muster` binary: parse, set up telemetry, run the agent, map the outcome to an exit code.
+//!
+//! Exit codes: 0 success; 1 the workers failed (restarts exhausted) or the agent could not run them; 2 bad
+//! input (one line naming the flag); 128+N when stopped by signal N after forwarding it to the workers.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use muster::agent::{self, Outcome};
+use muster::cli::{self, Cli};
+use muster::config::{Host, LaunchConfig};
+use muster::supervisor::{failure, reaper::OrphanGuard};
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(word @ ("plan" | "doctor")) = args.get(1).map(String::as_str) {
+        eprintln!("muster: error: 'muster {word}' is not available in this muster version yet (run ./{word} for a script of that name)");
+        return ExitCode::from(2);
+    }
+    let cli = match Cli::try_parse_from(&args) {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("muster: error: {}", cli::one_line(&e));
+            return ExitCode::from(2);
+        }
+    };
+    muster::telemetry::init();
+    let env = |k: &str| std::env::var(k).ok();
+    let gpu_count = || muster::gpu::device_count().map_err(|e| e.to_string());
+    let host = Host {
+        env: &env,
+        gpu_count: &gpu_count,
+        cpu_count: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        fqdn: &muster::host::fqdn,
+    };
+    let cfg = match LaunchConfig::from_cli(&cli, &host) {
+        Ok(cfg) => cfg,
+        Err(e) => {
+            eprintln!("muster: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    // Forked before any thread exists; see supervisor/reaper.rs.
+    let guard = match OrphanGuard::start() {
+        Ok(g) => Arc::new(g),
+        Err(e) => {
+            eprintln!("muster: error: cannot start the orphan guard process: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("muster: error: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
+    let outcome = runtime.block_on(agent::run(cfg, guard));
+    runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    match outcome {
+        Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
+        Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),
+        Ok(Outcome::Failed { name, failures }) => {
+            eprintln!("{}", failure::summary(&name, &failures, &muster::host::fqdn()));
+            if let (Some(root), Some(dest)) =
+                (failure::root_cause(&failures), std::env::var_os("TORCHELASTIC_ERROR_FILE"))
+            {
+                if let Err(e) = failure::copy_to_agent_error_file(root, std::path::Path::new(&dest)) {
+                    eprintln!("muster: cannot write TORCHELASTIC_ERROR_FILE {}: {e}", dest.to_string_lossy());
+                }
+            }
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("muster: error: {e}");
+            ExitCode::from(1)
+        }
+    }
+}

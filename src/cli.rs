@@ -1,0 +1,257 @@
+//! torchrun-compatible command line.
+//!
+//! Every torchrun 2.15 option is here, in torchrun's declaration order, with both the dash and the underscore
+//! spelling and the `PET_<DEST>` environment fallback (the command line wins). Everything after the script is
+//! passed to the script untouched. Values are parsed here into simple types; checks that involve several
+//! flags, the file system or the host live in `config.rs`.
+
+use clap::{ArgAction, Parser};
+
+/// Flags that torchrun reads as `bool(int(os.environ["PET_X"]))`: `1` enables, `0` disables. clap itself
+/// passes `true`/`false` for a flag given or absent on the command line; anything else is an error.
+fn pet_flag(s: &str) -> Result<bool, String> {
+    match s.trim() {
+        "true" => Ok(true),
+        "false" => Ok(false),
+        v => v.parse::<i64>().map(|v| v != 0).map_err(|_| format!("must be 0 (off) or 1 (on), got '{s}'")),
+    }
+}
+
+fn non_negative_int(s: &str) -> Result<u32, String> {
+    s.trim()
+        .parse::<u32>()
+        .map_err(|_| format!("must be an integer >= 0, got '{s}'"))
+}
+
+fn positive_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v > 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("must be a number of seconds > 0, got '{s}'")),
+    }
+}
+
+fn port(s: &str) -> Result<u16, String> {
+    s.trim()
+        .parse::<u16>()
+        .map_err(|_| format!("must be a port number in 0..=65535, got '{s}'"))
+}
+
+/// The launcher's command line, as torchrun declares it.
+#[derive(Debug, Parser)]
+#[command(
+    name = "muster",
+    version,
+    about = "Per-node launcher for PyTorch distributed training: a drop-in for torchrun that stays up.",
+    after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor.\n\
+                  Exit codes: 0 success, 1 workers failed, 2 bad input, 128+N when stopped by signal N."
+)]
+#[command(infer_long_args = true, disable_help_subcommand = true)]
+pub struct Cli {
+    /// Number of nodes: N, or MIN:MAX for an elastic job.
+    #[arg(long, env = "PET_NNODES", default_value = "1:1")]
+    pub nnodes: String,
+
+    /// Workers per node: an integer, or cpu, gpu (NVIDIA GPUs seen through NVML) or auto (GPUs, else CPUs).
+    #[arg(long = "nproc-per-node", alias = "nproc_per_node", env = "PET_NPROC_PER_NODE", default_value = "1")]
+    pub nproc_per_node: String,
+
+    /// Rendezvous backend: static, c10d, etcd or etcd-v2.
+    #[arg(long = "rdzv-backend", alias = "rdzv_backend", env = "PET_RDZV_BACKEND", default_value = "static")]
+    pub rdzv_backend: String,
+
+    /// Rendezvous endpoint, host[:port] (an IPv6 address may be bracketed).
+    #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint", env = "PET_RDZV_ENDPOINT", default_value = "")]
+    pub rdzv_endpoint: String,
+
+    /// Run id shared by every node of a job; exported as TORCHELASTIC_RUN_ID.
+    #[arg(long = "rdzv-id", alias = "rdzv_id", env = "PET_RDZV_ID", default_value = "none")]
+    pub rdzv_id: String,
+
+    /// Rendezvous settings, key1=value1,key2=value2.
+    #[arg(long = "rdzv-conf", alias = "rdzv_conf", env = "PET_RDZV_CONF", default_value = "")]
+    pub rdzv_conf: String,
+
+    /// Single-node job with a local rendezvous on a free port and a fresh run id.
+    #[arg(long, env = "PET_STANDALONE", action = ArgAction::SetTrue, value_parser = pet_flag)]
+    pub standalone: bool,
+
+    /// Worker-group restarts allowed on this node after a worker failure.
+    #[arg(long = "max-restarts", alias = "max_restarts", env = "PET_MAX_RESTARTS", default_value = "0",
+          value_parser = non_negative_int, allow_hyphen_values = true)]
+    pub max_restarts: u32,
+
+    /// Seconds between health checks of the rendezvous (muster notices worker exits as they happen).
+    #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL",
+          default_value = "0.1", value_parser = positive_seconds, allow_hyphen_values = true)]
+    pub monitor_interval: f64,
+
+    /// Multiprocessing start method; torchrun uses it only for --run-path, muster never needs it.
+    #[arg(long = "start-method", alias = "start_method", env = "PET_START_METHOD", default_value = "spawn",
+          value_parser = ["spawn", "fork", "forkserver"])]
+    pub start_method: String,
+
+    /// Where agent events go: null (nowhere), console (JSON lines on stderr) or dynamic_rendezvous.
+    #[arg(long = "event-log-handler", alias = "event_log_handler", env = "PET_EVENT_LOG_HANDLER",
+          default_value = "null", value_parser = ["null", "console", "dynamic_rendezvous"])]
+    pub event_log_handler: String,
+
+    /// Role name: ROLE_NAME and the log prefix [<role><local_rank>]:.
+    #[arg(long, env = "PET_ROLE", default_value = "default")]
+    pub role: String,
+
+    /// Run the script as a Python module (python -u -m SCRIPT).
+    #[arg(short = 'm', long, env = "PET_MODULE", action = ArgAction::SetTrue, value_parser = pet_flag)]
+    pub module: bool,
+
+    /// Execute the script directly, without the Python interpreter.
+    #[arg(long = "no-python", alias = "no_python", env = "PET_NO_PYTHON", action = ArgAction::SetTrue,
+          value_parser = pet_flag)]
+    pub no_python: bool,
+
+    /// Run the script through runpy.run_path (Python); takes precedence over --no-python.
+    #[arg(long = "run-path", alias = "run_path", env = "PET_RUN_PATH", action = ArgAction::SetTrue,
+          value_parser = pet_flag)]
+    pub run_path: bool,
+
+    /// Base directory for worker logs and error files (default: a new torchelastic_* temp directory).
+    #[arg(long = "log-dir", alias = "log_dir", env = "PET_LOG_DIR")]
+    pub log_dir: Option<String>,
+
+    /// Redirect worker streams to files: 0 none, 1 stdout, 2 stderr, 3 both, or a per-rank map 0:1,1:2.
+    #[arg(short = 'r', long, env = "PET_REDIRECTS", default_value = "0")]
+    pub redirects: String,
+
+    /// Like --redirects, and also copy each line to the console with a [<role><local_rank>]: prefix.
+    #[arg(short = 't', long, env = "PET_TEE", default_value = "0")]
+    pub tee: String,
+
+    /// Prefix template for tee'd lines: $role_name, $rank, $local_rank, $hostname.
+    #[arg(long = "log-line-prefix-template", alias = "log_line_prefix_template",
+          env = "PET_LOG_LINE_PREFIX_TEMPLATE")]
+    pub log_line_prefix_template: Option<String>,
+
+    /// Only these local ranks reach the console (comma-separated); files are unaffected.
+    #[arg(long = "local-ranks-filter", alias = "local_ranks_filter", env = "PET_LOCAL_RANKS_FILTER",
+          default_value = "")]
+    pub local_ranks_filter: String,
+
+    /// Tee'd stdout lines containing any of these substrings also go to filtered_stdout.log (',,' escapes ',').
+    #[arg(long = "duplicate-stdout-filters", alias = "duplicate_stdout_filters",
+          env = "PET_DUPLICATE_STDOUT_FILTERS", default_value = "")]
+    pub duplicate_stdout_filters: String,
+
+    /// Same as --duplicate-stdout-filters for stderr, into filtered_stderr.log.
+    #[arg(long = "duplicate-stderr-filters", alias = "duplicate_stderr_filters",
+          env = "PET_DUPLICATE_STDERR_FILTERS", default_value = "")]
+    pub duplicate_stderr_filters: String,
+
+    /// This node's rank (static rendezvous only).
+    #[arg(long = "node-rank", alias = "node_rank", env = "PET_NODE_RANK", default_value = "0",
+          value_parser = non_negative_int, allow_hyphen_values = true)]
+    pub node_rank: u32,
+
+    /// Address of the rank-0 node (static rendezvous only).
+    #[arg(long = "master-addr", alias = "master_addr", env = "PET_MASTER_ADDR", default_value = "127.0.0.1")]
+    pub master_addr: String,
+
+    /// Port of the rank-0 node (static rendezvous only; default 29500).
+    #[arg(long = "master-port", alias = "master_port", env = "PET_MASTER_PORT", value_parser = port)]
+    pub master_port: Option<u16>,
+
+    /// This node's address: its id in the rendezvous and MASTER_ADDR when it hosts the store (default: FQDN).
+    #[arg(long = "local-addr", alias = "local_addr", env = "PET_LOCAL_ADDR")]
+    pub local_addr: Option<String>,
+
+    /// Logs specification; only the default one exists in muster.
+    #[arg(long = "logs-specs", alias = "logs_specs")]
+    pub logs_specs: Option<String>,
+
+    /// CPU binding per local rank: node, socket, exclusive or core-complex.
+    #[arg(long = "numa-binding", alias = "numa_binding",
+          value_parser = ["node", "socket", "exclusive", "core-complex"])]
+    pub numa_binding: Option<String>,
+
+    /// Signals forwarded to the workers before shutting down (comma-separated names).
+    #[arg(long = "signals-to-handle", alias = "signals_to_handle", env = "PET_SIGNALS_TO_HANDLE",
+          default_value = "SIGTERM,SIGINT,SIGHUP,SIGQUIT")]
+    pub signals_to_handle: String,
+
+    /// Seconds between the stop signal and SIGKILL (default: $TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30).
+    #[arg(long = "shutdown-timeout", alias = "shutdown_timeout", env = "PET_SHUTDOWN_TIMEOUT",
+          value_parser = non_negative_int, allow_hyphen_values = true)]
+    pub shutdown_timeout: Option<u32>,
+
+    /// Give each worker LOCAL_RANK=0 and only its own device in CUDA_VISIBLE_DEVICES.
+    #[arg(long = "virtual-local-rank", alias = "virtual_local_rank", env = "PET_VIRTUAL_LOCAL_RANK",
+          action = ArgAction::SetTrue, value_parser = pet_flag)]
+    pub virtual_local_rank: bool,
+
+    /// Print a shell completion script and exit (bash, zsh or tcsh).
+    #[arg(long = "print-completion", alias = "print_completion", value_parser = ["bash", "zsh", "tcsh"])]
+    pub print_completion: Option<String>,
+
+    /// The training script (or module, or binary), then its arguments, passed through untouched.
+    #[arg(value_name = "SCRIPT [ARGS]...", trailing_var_arg = true, allow_hyphen_values = true)]
+    pub command: Vec<String>,
+}
+
+/// A command-line error reduced to one line that names the flag and what is valid.
+pub fn one_line(err: &clap::Error) -> String {
+    let rendered = err.render().to_string();
+    let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid command line");
+    first.trim_start_matches("error: ").to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("muster").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn dash_and_underscore_spellings_are_the_same_option() {
+        let a = parse(&["--nproc-per-node", "3", "x.py"]).unwrap();
+        let b = parse(&["--nproc_per_node=3", "x.py"]).unwrap();
+        assert_eq!(a.nproc_per_node, "3");
+        assert_eq!(b.nproc_per_node, "3");
+    }
+
+    #[test]
+    fn everything_after_the_script_goes_to_the_script() {
+        let c = parse(&["--standalone", "train.py", "--standalone", "-m", "--lr", "0.1"]).unwrap();
+        assert!(c.standalone);
+        assert!(!c.module);
+        assert_eq!(c.command, ["train.py", "--standalone", "-m", "--lr", "0.1"]);
+    }
+
+    #[test]
+    fn unambiguous_prefixes_are_accepted() {
+        let c = parse(&["--stand", "--nnod", "2", "x.py"]).unwrap();
+        assert!(c.standalone);
+        assert_eq!(c.nnodes, "2");
+    }
+
+    #[test]
+    fn negative_restarts_name_the_flag() {
+        let e = parse(&["--max-restarts", "-1", "x.py"]).unwrap_err();
+        let line = one_line(&e);
+        assert!(line.contains("--max-restarts") && line.contains(">= 0"), "{line}");
+    }
+
+    #[test]
+    fn pet_flag_follows_torchrun_int_semantics() {
+        assert_eq!(pet_flag("1"), Ok(true));
+        assert_eq!(pet_flag("0"), Ok(false));
+        assert_eq!(pet_flag("2"), Ok(true));
+        assert!(pet_flag("yes").is_err());
+        assert_eq!(pet_flag("true"), Ok(true));
+    }
+}

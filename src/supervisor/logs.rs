@@ -1,0 +1,298 @@
+//! Worker logs: torchrun's directory layout, `--redirects`, `--tee` with line prefixes, console filtering
+//! and the duplicate filters (reference §6), with two deliberate improvements:
+//! - tee'd output travels through a pipe the agent drains to EOF, so the last lines a worker wrote before it
+//!   died always reach both its file and the console (torch tails files and could miss them);
+//! - an attempt directory is never wiped: a start that would reuse `attempt_<n>` gets `attempt_<n>.1`, ...
+//!
+//! Layout: `<log_dir>/<run_id>_XXXXXXXX/attempt_<n>/<local_rank>/{error.json,stdout.log,stderr.log}` and
+//! `attempt_<n>/filtered_std{out,err}.log`.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use crate::config::LogConfig;
+use crate::template::safe_substitute;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LogError {
+    #[error("cannot create log directory {path}: {source}; pass a writable --log-dir")]
+    CreateDir { path: PathBuf, source: std::io::Error },
+    #[error("cannot open log file {path}: {source}")]
+    OpenFile { path: PathBuf, source: std::io::Error },
+    #[error("cannot create a pipe for tee'd worker output: {0}")]
+    Pipe(std::io::Error),
+}
+
+fn create_dir_all(path: &Path) -> Result<(), LogError> {
+    std::fs::create_dir_all(path).map_err(|source| LogError::CreateDir { path: path.to_path_buf(), source })
+}
+
+/// Creates `<parent>/<prefix>XXXXXXXX` with a fresh random suffix, like Python's `mkdtemp(prefix=...)`.
+fn make_unique_dir(parent: &Path, prefix: &str) -> Result<PathBuf, LogError> {
+    create_dir_all(parent)?;
+    loop {
+        let suffix: String = uuid::Uuid::new_v4().simple().to_string().chars().take(8).collect();
+        let path = parent.join(format!("{prefix}{suffix}"));
+        match std::fs::create_dir(&path) {
+            Ok(()) => return Ok(path),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+            Err(source) => return Err(LogError::CreateDir { path, source }),
+        }
+    }
+}
+
+/// The per-agent run directory, created once.
+#[derive(Debug)]
+pub struct RunLogs {
+    /// None when `--log-dir /dev/null` turned files off.
+    run_dir: Option<PathBuf>,
+    config: LogConfig,
+}
+
+impl RunLogs {
+    pub fn create(config: &LogConfig, run_id: &str) -> Result<RunLogs, LogError> {
+        if config.files_disabled() {
+            return Ok(RunLogs { run_dir: None, config: config.clone() });
+        }
+        let base = match &config.log_dir {
+            Some(dir) => dir.clone(),
+            None => make_unique_dir(&std::env::temp_dir(), "torchelastic_")?,
+        };
+        let run_dir = make_unique_dir(&base, &format!("{run_id}_"))?;
+        Ok(RunLogs { run_dir: Some(run_dir), config: config.clone() })
+    }
+
+    pub fn run_dir(&self) -> Option<&Path> {
+        self.run_dir.as_deref()
+    }
+
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    /// A fresh directory for one start of the worker group; `attempt_<restart_count>` unless that exists.
+    pub fn attempt(&self, restart_count: u32, nproc: u32) -> Result<AttemptLogs, LogError> {
+        let Some(run_dir) = &self.run_dir else {
+            return Ok(AttemptLogs { dir: None, filtered_out: None, filtered_err: None });
+        };
+        let base = format!("attempt_{restart_count}");
+        let dir = (0..)
+            .map(|i| if i == 0 { run_dir.join(&base) } else { run_dir.join(format!("{base}.{i}")) })
+            .find(|p| !p.exists())
+            .unwrap_or_else(|| run_dir.join(&base));
+        for rank in 0..nproc {
+            create_dir_all(&dir.join(rank.to_string()))?;
+        }
+        let filtered = |name: &str, filters: &[String]| -> Result<Option<SharedFile>, LogError> {
+            if filters.is_empty() {
+                return Ok(None);
+            }
+            let path = dir.join(name);
+            let f = File::create(&path).map_err(|source| LogError::OpenFile { path, source })?;
+            Ok(Some(Arc::new(Mutex::new(f))))
+        };
+        Ok(AttemptLogs {
+            filtered_out: filtered("filtered_stdout.log", &self.config.duplicate_stdout_filters)?,
+            filtered_err: filtered("filtered_stderr.log", &self.config.duplicate_stderr_filters)?,
+            dir: Some(dir),
+        })
+    }
+}
+
+type SharedFile = Arc<Mutex<File>>;
+
+/// The directory of one start of the group.
+#[derive(Debug)]
+pub struct AttemptLogs {
+    dir: Option<PathBuf>,
+    filtered_out: Option<SharedFile>,
+    filtered_err: Option<SharedFile>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stream {
+    Out,
+    Err,
+}
+
+impl Stream {
+    fn file_name(self) -> &'static str {
+        match self {
+            Stream::Out => "stdout.log",
+            Stream::Err => "stderr.log",
+        }
+    }
+}
+
+/// How one stream of one worker is wired.
+pub enum StreamPlan {
+    /// Straight to the agent's own stream, no prefix (torchrun's default).
+    Inherit,
+    /// Discarded: not redirected and filtered out of the console by `--local-ranks-filter`.
+    Null,
+    /// To its file only.
+    File(File),
+    /// Through the agent: a pipe whose read end feeds its file and, when shown, the console with a prefix.
+    Tee { sink: TeeSink, read: File, write: Option<OwnedFd> },
+}
+
+impl StreamPlan {
+    pub fn stdio(&mut self) -> Stdio {
+        match self {
+            StreamPlan::Inherit => Stdio::inherit(),
+            StreamPlan::Null => Stdio::null(),
+            StreamPlan::File(f) => f.try_clone().map(Stdio::from).unwrap_or_else(|_| Stdio::null()),
+            StreamPlan::Tee { write, .. } => write.take().map(Stdio::from).unwrap_or_else(Stdio::null),
+        }
+    }
+
+    /// For a tee'd stream, starts the thread that drains the pipe; the returned channel fires at EOF.
+    /// Call after the worker is spawned, so the agent holds no write end of the pipe any more.
+    pub fn start_pump(self) -> Option<oneshot::Receiver<()>> {
+        let StreamPlan::Tee { sink, read, .. } = self else { return None };
+        let (done, rx) = oneshot::channel();
+        std::thread::spawn(move || {
+            sink.pump(read);
+            let _ = done.send(());
+        });
+        Some(rx)
+    }
+}
+
+/// Where a tee'd stream's bytes go.
+pub struct TeeSink {
+    stream: Stream,
+    file: Option<File>,
+    header: String,
+    on_console: bool,
+    filters: Vec<String>,
+    filtered: Option<SharedFile>,
+}
+
+/// Identity of a worker for prefixes and paths.
+#[derive(Debug, Clone)]
+pub struct WorkerTag<'a> {
+    pub role: &'a str,
+    pub local_rank: u32,
+    pub global_rank: u32,
+    pub hostname: &'a str,
+}
+
+impl AttemptLogs {
+    /// `<attempt>/<local_rank>/error.json`, or None when files are off.
+    pub fn error_file(&self, local_rank: u32) -> Option<PathBuf> {
+        self.dir.as_ref().map(|d| d.join(local_rank.to_string()).join("error.json"))
+    }
+
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Decides how `stream` of one worker is wired, opening (truncating) its file if it has one.
+    pub fn plan(&self, logs: &LogConfig, tag: &WorkerTag, stream: Stream) -> Result<StreamPlan, LogError> {
+        let pick = |s: crate::config::Std| if stream == Stream::Out { s.out } else { s.err };
+        let redirected = pick(logs.redirected(tag.local_rank));
+        let teed = pick(logs.tee.for_rank(tag.local_rank));
+        let on_console = logs.on_console(tag.local_rank);
+        let file = match (&self.dir, redirected) {
+            (Some(dir), true) => {
+                let path = dir.join(tag.local_rank.to_string()).join(stream.file_name());
+                Some(File::create(&path).map_err(|source| LogError::OpenFile { path, source })?)
+            }
+            _ => None,
+        };
+        Ok(match (redirected, teed, file) {
+            (false, _, _) if on_console => StreamPlan::Inherit,
+            (false, _, _) => StreamPlan::Null,
+            (true, false, Some(f)) => StreamPlan::File(f),
+            // Redirected to /dev/null-disabled files and not tee'd: nothing to keep.
+            (true, false, None) => StreamPlan::Null,
+            (true, true, file) => {
+                let (filters, filtered) = match stream {
+                    Stream::Out => (&logs.duplicate_stdout_filters, self.filtered_out.clone()),
+                    Stream::Err => (&logs.duplicate_stderr_filters, self.filtered_err.clone()),
+                };
+                // O_CLOEXEC: only the worker this is for gets the write end (as its stdout or stderr).
+                let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+                    .map_err(|e| LogError::Pipe(std::io::Error::from(e)))?;
+                StreamPlan::Tee {
+                    sink: TeeSink { stream, file, header: header(logs, tag), on_console, filters: filters.clone(), filtered },
+                    read: File::from(read),
+                    write: Some(write),
+                }
+            }
+        })
+    }
+}
+
+/// `[<role><local_rank>]:`, or the user's template with `$role_name $rank $local_rank $hostname`.
+fn header(logs: &LogConfig, tag: &WorkerTag) -> String {
+    match &logs.prefix_template {
+        Some(t) => safe_substitute(
+            t,
+            &[
+                ("role_name", tag.role),
+                ("rank", &tag.global_rank.to_string()),
+                ("local_rank", &tag.local_rank.to_string()),
+                ("hostname", tag.hostname),
+            ],
+        ),
+        None => format!("[{}{}]:", tag.role, tag.local_rank),
+    }
+}
+
+impl TeeSink {
+    /// Copies `pipe` to the file as it comes and to the console line by line, until EOF (every writer of
+    /// the pipe has exited). Runs on its own thread: blocking reads and writes are fine there.
+    pub fn pump(mut self, mut pipe: impl Read) {
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut pending: Vec<u8> = Vec::new();
+        loop {
+            let n = match pipe.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            };
+            if let Some(f) = self.file.as_mut() {
+                let _ = f.write_all(&buf[..n]);
+            }
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=pos).collect();
+                self.line(&line);
+            }
+        }
+        if !pending.is_empty() {
+            pending.push(b'\n');
+            self.line(&pending);
+        }
+        if let Some(f) = self.file.as_mut() {
+            let _ = f.flush();
+        }
+    }
+
+    fn line(&self, line: &[u8]) {
+        let text = String::from_utf8_lossy(line);
+        let out = format!("{}{text}", self.header);
+        if self.on_console {
+            let _ = match self.stream {
+                Stream::Out => std::io::stdout().lock().write_all(out.as_bytes()),
+                Stream::Err => std::io::stderr().lock().write_all(out.as_bytes()),
+            };
+        }
+        if let Some(filtered) = &self.filtered {
+            if self.filters.iter().any(|f| text.contains(f.as_str())) {
+                if let Ok(mut f) = filtered.lock() {
+                    let _ = f.write_all(out.as_bytes());
+                }
+            }
+        }
+    }
+}
