@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The one test command: sets up what the tests need (the cached torch venv), then builds, lints and runs
+# every test. Usage: scripts/test.sh [extra cargo test args]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/lib.sh
+ensure_venv
+
+cargo build --release --quiet
+# clippy with -D warnings also fails the run on any rustc warning.
+cargo clippy --quiet --all-targets -- -D warnings
+# Integration tests start real torch workers; two at a time keeps a 2-core machine honest.
+cargo test --quiet -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"

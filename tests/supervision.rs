@@ -1,0 +1,130 @@
+//! Supervision as a user sees it: restarts, the failure summary, signals, and no process left behind.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::*;
+
+fn starts(dir: &Path) -> Vec<(u32, u32)> {
+    std::fs::read_to_string(dir.join("starts"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| {
+            let f: Vec<u32> = l.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0], f[1])
+        })
+        .collect()
+}
+
+#[test]
+fn exhausted_restarts_exit_1_with_the_root_cause() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = run(
+        muster()
+            .args(["--nproc-per-node=2", "--max-restarts=2"])
+            .arg(fixture("worker.py"))
+            .arg(dir.path())
+            .args(["0=sleep", "1=exit:3"]),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let mut rank1: Vec<u32> = starts(dir.path()).into_iter().filter(|(r, _)| *r == 1).map(|(_, c)| c).collect();
+    rank1.sort();
+    assert_eq!(rank1, [0, 1, 2], "rank 1 started once per attempt with the restart count");
+    let root = out.stderr.split("Root Cause (first observed failure):").nth(1).expect("summary printed");
+    assert!(out.stderr.contains("worker.py FAILED"), "{}", out.stderr);
+    assert!(root.contains("rank      : 1 (local_rank: 1)"), "{root}");
+    assert!(root.contains("exitcode  : 3 (pid: "), "{root}");
+    let others = out.stderr.split("Failures:").nth(1).unwrap();
+    assert!(others.contains("exitcode  : -15 (pid: ") && others.contains("(SIGTERM)"), "{others}");
+}
+
+#[test]
+fn record_traceback_reaches_the_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let logs = tempfile::tempdir().unwrap();
+    let out = run(
+        muster()
+            .args(["--nproc-per-node=2", "--log-dir"])
+            .arg(logs.path())
+            .arg(fixture("worker.py"))
+            .arg(dir.path())
+            .args(["0=sleep", "1=raise"]),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let root = out.stderr.split("Root Cause (first observed failure):").nth(1).expect("summary printed");
+    assert!(root.contains("rank      : 1 (local_rank: 1)"), "{root}");
+    assert!(root.contains("traceback : Traceback (most recent call last):"), "{root}");
+    assert!(root.contains("ValueError: boom from rank 1"), "{root}");
+    assert!(root.contains("raise ValueError(f\"boom from rank {rank}\")"), "{root}");
+    let error_file = root.lines().find_map(|l| l.trim().strip_prefix("error_file: ")).expect("error_file line");
+    assert!(Path::new(error_file).starts_with(logs.path()) && Path::new(error_file).is_file(), "{error_file}");
+}
+
+fn read_pids(dir: &Path, rank: u32) -> Vec<i32> {
+    let text = wait_for_lines(&dir.join(format!("{rank}.pids")), 1, Duration::from_secs(60));
+    text.split_whitespace().map(|p| p.parse().unwrap()).collect()
+}
+
+#[test]
+fn kill_9_of_the_agent_leaves_no_worker_or_grandchild() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Guard::spawn(
+        muster().args(["--nproc-per-node=2"]).arg(fixture("worker.py")).arg(dir.path()).arg("grandchild"),
+    );
+    let pids: Vec<i32> = (0..2).flat_map(|r| read_pids(dir.path(), r)).collect();
+    assert_eq!(pids.len(), 4);
+    assert!(pids.iter().all(|p| alive(*p)), "workers and grandchildren run before the kill");
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agent.pid(), libc::SIGKILL) };
+    agent.wait_timeout(Duration::from_secs(5)).expect("agent died");
+    let gone = eventually(Duration::from_secs(1), || pids.iter().all(|p| !alive(*p)));
+    let left: Vec<i32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    assert!(gone, "still alive 1 s after kill -9 of the agent: {left:?}");
+}
+
+#[test]
+fn grandchildren_are_swept_when_the_group_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut agent = Guard::spawn(
+        muster().args(["--nproc-per-node=1"]).arg(fixture("worker.py")).arg(dir.path()).arg("grandchild"),
+    );
+    let pids = read_pids(dir.path(), 0);
+    // The worker dies on its own; its grandchild must not survive the failed group.
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(pids[0], libc::SIGKILL) };
+    let status = agent.wait_timeout(Duration::from_secs(30)).expect("agent exits after the failure");
+    assert_eq!(status.code(), Some(1));
+    assert!(!alive(pids[1]), "grandchild {} outlived its worker group", pids[1]);
+}
+
+#[test]
+fn sigterm_is_forwarded_then_sigkill_after_the_shutdown_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cmd = muster();
+    cmd.args(["--nproc-per-node=2", "--shutdown-timeout=2"])
+        .arg(fixture("worker.py"))
+        .arg(dir.path())
+        .args(["0=trap", "1=ignore"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut agent = Guard::spawn(&mut cmd);
+    for r in 0..2 {
+        assert!(eventually(Duration::from_secs(60), || dir.path().join(format!("{r}.ready")).exists()));
+    }
+    let worker_pids: Vec<i32> = std::fs::read_to_string(dir.path().join("starts"))
+        .unwrap()
+        .lines()
+        .map(|l| l.split_whitespace().nth(2).unwrap().parse().unwrap())
+        .collect();
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agent.pid(), libc::SIGTERM) };
+    let status = agent.wait_timeout(Duration::from_secs(30)).expect("agent exits");
+    assert_eq!(status.code(), Some(143), "128 + SIGTERM");
+    assert!(dir.path().join("0.trapped").exists(), "rank 0 got SIGTERM and exited cleanly");
+    assert!(dir.path().join("1.ignored").exists(), "rank 1 got SIGTERM and ignored it");
+    assert!(worker_pids.iter().all(|p| !alive(*p)), "the ignoring worker was SIGKILLed");
+}
