@@ -128,3 +128,10 @@ fn sigterm_is_forwarded_then_sigkill_after_the_shutdown_timeout() {
     assert!(dir.path().join("1.ignored").exists(), "rank 1 got SIGTERM and ignored it");
     assert!(worker_pids.iter().all(|p| !alive(*p)), "the ignoring worker was SIGKILLed");
 }
+
+#[test]
+fn adopted_orphans_are_reaped() {
+    let out = run(muster().arg(fixture("orphan_zombie.py")), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert!(out.stdout.contains("ZOMBIES: []"), "the agent left adopted zombies: {}", out.stdout);
+}
