@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): launcher overhead of muster vs torchrun on the same trivial job, two workers
+# that run `true` (--no-python), so what is measured is the launcher itself: start-up, rendezvous,
+# spawning and reaping the workers, shutdown.
+#
+# For each launcher it runs the job RUNS times (default 10) and reports the median wall time (bash's
+# EPOCHREALTIME around the run: /usr/bin/time's %e has 10 ms resolution, too coarse for muster) and the
+# median peak RSS from /usr/bin/time's %M, then the ratios torchrun/muster. %M is the largest maximum RSS
+# of the launcher and the descendants it reaped; the workers here are `true` (a few MiB at most), so it
+# is the launcher's own peak RSS.
+#
+# Usage: scripts/bench/launch.sh            RUNS=20 scripts/bench/launch.sh
+set -euo pipefail
+export LC_ALL=C # '.' as the decimal point, for EPOCHREALTIME, printf and awk alike
+if [ -z "${EPOCHREALTIME:-}" ]; then echo "bench: needs bash >= 5 (EPOCHREALTIME)" >&2; exit 2; fi
+cd "$(dirname "$0")/../.."
+
+RUNS="${RUNS:-10}"
+case "$RUNS" in '' | *[!0-9]* | 0) echo "RUNS must be a positive integer, got '$RUNS'" >&2; exit 2 ;; esac
+
+cargo build --release --quiet
+source scripts/lib.sh
+ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
+
+if [ ! -x /usr/bin/time ]; then
+    echo "bench: installing GNU time with apt-get" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq time >/dev/null
+fi
+
+MUSTER="$PWD/target/release/muster"
+TORCHRUN="$(command -v torchrun)"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+# median FILE: the median of the numbers in FILE, one a line (the mean of the middle two for an even count).
+median() {
+    sort -g "$1" | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# bench NAME CMD...: runs CMD RUNS times, leaving wall seconds in $work/NAME.wall and KiB in $work/NAME.rss.
+bench() {
+    local name="$1"
+    shift
+    : >"$work/$name.wall"
+    : >"$work/$name.rss"
+    # One untimed warm-up run, so both launchers start with the page cache equally warm.
+    "$@" >"$work/$name.log" 2>&1 || { echo "bench: $name failed on its warm-up run:" >&2; cat "$work/$name.log" >&2; exit 1; }
+    local i
+    for ((i = 1; i <= RUNS; i++)); do
+        local t0="$EPOCHREALTIME"
+        if ! /usr/bin/time -f '%M' -o "$work/$name.time" "$@" >"$work/$name.log" 2>&1; then
+            echo "bench: $name failed on run $i:" >&2
+            cat "$work/$name.log" "$work/$name.time" >&2
+            exit 1
+        fi
+        local t1="$EPOCHREALTIME"
+        local wall rss
+        wall="$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.4f", b - a }')"
+        # time's output file may begin with a "Command exited ..." line; the measurement is the last line.
+        rss="$(tail -n 1 "$work/$name.time")"
+        echo "$wall" >>"$work/$name.wall"
+        echo "$rss" >>"$work/$name.rss"
+        printf '  %-8s run %2d/%d: %8.1f ms  %8d KiB\n' "$name" "$i" "$RUNS" "$(awk -v w="$wall" 'BEGIN { print w * 1000 }')" "$rss"
+    done
+}
+
+echo "launch benchmark: 2 workers running 'true', $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c "import torch; print(torch.__version__)"))"
+bench muster "$MUSTER" --standalone --nproc-per-node=2 --no-python true
+bench torchrun "$TORCHRUN" --standalone --nproc-per-node=2 --no-python true
+
+m_wall="$(median "$work/muster.wall")"
+m_rss="$(median "$work/muster.rss")"
+t_wall="$(median "$work/torchrun.wall")"
+t_rss="$(median "$work/torchrun.rss")"
+
+echo
+printf '%-10s %15s %20s\n' launcher "median wall" "median peak RSS"
+row() { # row NAME WALL_S RSS_KIB
+    printf '%-10s %12.1f ms %16.1f MiB\n' "$1" "$(awk -v w="$2" 'BEGIN { print w * 1000 }')" \
+        "$(awk -v k="$3" 'BEGIN { print k / 1024 }')"
+}
+row muster "$m_wall" "$m_rss"
+row torchrun "$t_wall" "$t_rss"
+echo
+awk -v mw="$m_wall" -v tw="$t_wall" -v mr="$m_rss" -v tr="$t_rss" 'BEGIN {
+    printf "wall time ratio (torchrun/muster): %.1fx\n", tw / mw
+    printf "peak RSS ratio  (torchrun/muster): %.1fx\n", tr / mr
+}'
