@@ -702,4 +702,4 @@ impl<'a> Cursor<'a> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

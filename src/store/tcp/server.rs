@@ -308,3 +308,6 @@ impl Connection {
         Ok(backlog)
     }
 }
+
+#[cfg(test)]
+mod tests;
