@@ -20,19 +20,36 @@ pub enum StoreError {
         "could not reach the store at {addr} within {timeout:?} (last error: {last}); \
          check that the store is running and the address and port are right"
     )]
-    Connect { addr: SocketAddr, timeout: Duration, last: String },
+    Connect {
+        addr: SocketAddr,
+        timeout: Duration,
+        last: String,
+    },
 
     #[error("the store at {addr} answered PING with {got:#x} instead of {expected:#x}; is it a TCPStore?")]
-    Handshake { addr: SocketAddr, expected: u32, got: u32 },
+    Handshake {
+        addr: SocketAddr,
+        expected: u32,
+        got: u32,
+    },
 
     #[error(
         "no reply to {op} from the store at {addr} within {timeout:?}; the connection is \
          dropped, reconnect (and raise the timeout if the store is merely busy)"
     )]
-    Timeout { addr: SocketAddr, op: &'static str, timeout: Duration },
+    Timeout {
+        addr: SocketAddr,
+        op: &'static str,
+        timeout: Duration,
+    },
 
     #[error("{op} timed out after {timeout:?} at the store at {addr} (keys: {keys})")]
-    WaitTimeout { addr: SocketAddr, op: &'static str, timeout: Duration, keys: String },
+    WaitTimeout {
+        addr: SocketAddr,
+        op: &'static str,
+        timeout: Duration,
+        keys: String,
+    },
 
     #[error(
         "the store at {addr} closed the connection during {op}; it refused the request \
@@ -42,10 +59,18 @@ pub enum StoreError {
     Closed { addr: SocketAddr, op: &'static str },
 
     #[error("connection to the store at {addr} failed during {op}: {source}")]
-    Io { addr: SocketAddr, op: &'static str, source: io::Error },
+    Io {
+        addr: SocketAddr,
+        op: &'static str,
+        source: io::Error,
+    },
 
     #[error("malformed reply to {op} from the store at {addr}: {source}; is it a TCPStore?")]
-    Protocol { addr: SocketAddr, op: &'static str, source: FrameError },
+    Protocol {
+        addr: SocketAddr,
+        op: &'static str,
+        source: FrameError,
+    },
 
     #[error("the connection to the store at {addr} is unusable after an earlier error; reconnect")]
     Broken { addr: SocketAddr },

@@ -29,7 +29,9 @@ struct StoreArgs {
 
 /// Entry point of `muster store ARGS...` (`args` after the subcommand); returns the exit code.
 pub fn store_main(args: &[String]) -> i32 {
-    let args = match StoreArgs::try_parse_from(std::iter::once("muster store".to_owned()).chain(args.iter().cloned())) {
+    let args = match StoreArgs::try_parse_from(
+        std::iter::once("muster store".to_owned()).chain(args.iter().cloned()),
+    ) {
         Ok(args) => args,
         Err(err) => {
             let _ = err.print();
@@ -68,8 +70,8 @@ pub fn store_main(args: &[String]) -> i32 {
 /// caller that passed port 0 reads to learn the port), and serves until SIGTERM or SIGINT.
 pub async fn run_standalone(host: &str, port: u16, config: ServerConfig) -> Result<(), StoreError> {
     let addr = resolve(host, port).await?;
-    let mut terminate = signal(SignalKind::terminate())
-        .map_err(|source| StoreError::Bind { addr, source })?;
+    let mut terminate =
+        signal(SignalKind::terminate()).map_err(|source| StoreError::Bind { addr, source })?;
     let server = Server::bind(addr, config).await?;
     println!("muster store listening on {}", server.local_addr());
     tokio::select! {
@@ -85,5 +87,8 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
     tokio::net::lookup_host((host, port))
         .await
         .and_then(|mut addrs| addrs.next().ok_or_else(not_found))
-        .map_err(|source| StoreError::Resolve { host: host.to_owned(), source })
+        .map_err(|source| StoreError::Resolve {
+            host: host.to_owned(),
+            source,
+        })
 }

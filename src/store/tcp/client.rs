@@ -52,7 +52,11 @@ impl Client {
             };
             let delay_now = jittered(delay);
             if Instant::now() + delay_now >= deadline {
-                return Err(StoreError::Connect { addr, timeout, last });
+                return Err(StoreError::Connect {
+                    addr,
+                    timeout,
+                    last,
+                });
             }
             sleep(delay_now).await;
             delay = (delay * 3 / 2).min(Duration::from_secs(2));
@@ -62,18 +66,39 @@ impl Client {
     async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
         let stream = TcpStream::connect(addr)
             .await
-            .map_err(|source| StoreError::Io { addr, op: "connect", source })?;
-        stream
-            .set_nodelay(true)
-            .map_err(|source| StoreError::Io { addr, op: "connect", source })?;
-        let mut client =
-            Client { stream, addr, timeout, input: Vec::new(), output: Vec::new(), broken: false };
+            .map_err(|source| StoreError::Io {
+                addr,
+                op: "connect",
+                source,
+            })?;
+        stream.set_nodelay(true).map_err(|source| StoreError::Io {
+            addr,
+            op: "connect",
+            source,
+        })?;
+        let mut client = Client {
+            stream,
+            addr,
+            timeout,
+            input: Vec::new(),
+            output: Vec::new(),
+            broken: false,
+        };
         // One write: torch's libuv server drops a client whose VALIDATE arrives split.
         let nonce = std::process::id();
-        Request::Validate { magic: VALIDATE_MAGIC }.encode(&mut client.output);
-        let got = client.call(&Request::Ping { nonce }, "ping", nonce_of).await?;
+        Request::Validate {
+            magic: VALIDATE_MAGIC,
+        }
+        .encode(&mut client.output);
+        let got = client
+            .call(&Request::Ping { nonce }, "ping", nonce_of)
+            .await?;
         if got != nonce {
-            return Err(StoreError::Handshake { addr, expected: nonce, got });
+            return Err(StoreError::Handshake {
+                addr,
+                expected: nonce,
+                got,
+            });
         }
         Ok(client)
     }
@@ -91,19 +116,35 @@ impl Client {
     }
 
     pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::Set { key: &wire(key), value }, "set").await
+        self.send(
+            &Request::Set {
+                key: &wire(key),
+                value,
+            },
+            "set",
+        )
+        .await
     }
 
     /// The key's value, waiting up to the client timeout for it to be set (torch's `get`).
     pub async fn get(&mut self, key: &str) -> Result<Vec<u8>, StoreError> {
         let key = wire(key);
         self.await_keys(&[&key], self.timeout, "get").await?;
-        self.call(&Request::Get { key: &key }, "get", value_of).await
+        self.call(&Request::Get { key: &key }, "get", value_of)
+            .await
     }
 
     /// Adds `delta` to the key's decimal value (missing = 0) and returns the sum.
     pub async fn add(&mut self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        self.call(&Request::Add { key: &wire(key), delta }, "add", int_of).await
+        self.call(
+            &Request::Add {
+                key: &wire(key),
+                delta,
+            },
+            "add",
+            int_of,
+        )
+        .await
     }
 
     /// Sets the key to `desired` if its value is `expected` (or it is missing and `expected` is
@@ -114,14 +155,20 @@ impl Client {
         expected: &[u8],
         desired: &[u8],
     ) -> Result<Vec<u8>, StoreError> {
-        let request = Request::CompareSet { key: &wire(key), expected, desired };
+        let request = Request::CompareSet {
+            key: &wire(key),
+            expected,
+            desired,
+        };
         self.call(&request, "compare_set", value_of).await
     }
 
     /// Whether every key is set.
     pub async fn check(&mut self, keys: &[&str]) -> Result<bool, StoreError> {
         let keys = wires(keys);
-        let request = Request::Check { keys: keys.iter().map(Vec::as_slice).collect() };
+        let request = Request::Check {
+            keys: keys.iter().map(Vec::as_slice).collect(),
+        };
         Ok(self.call(&request, "check", byte_of).await? == super::frame::CHECK_READY)
     }
 
@@ -134,7 +181,14 @@ impl Client {
 
     /// Deletes the key; true if it existed.
     pub async fn delete_key(&mut self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.call(&Request::DeleteKey { key: &wire(key) }, "delete_key", int_of).await? == 1)
+        Ok(self
+            .call(
+                &Request::DeleteKey { key: &wire(key) },
+                "delete_key",
+                int_of,
+            )
+            .await?
+            == 1)
     }
 
     /// Number of keys in the whole store (not only this client's namespace, as torch).
@@ -147,37 +201,62 @@ impl Client {
         let keys = wires(keys);
         let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
         self.await_keys(&keys, self.timeout, "multi_get").await?;
-        self.call(&Request::MultiGet { keys }, "multi_get", values_of).await
+        self.call(&Request::MultiGet { keys }, "multi_get", values_of)
+            .await
     }
 
     pub async fn multi_set(&mut self, pairs: &[(&str, &[u8])]) -> Result<(), StoreError> {
         let keys = wires(&pairs.iter().map(|(k, _)| *k).collect::<Vec<_>>());
-        let pairs = keys.iter().zip(pairs).map(|(k, (_, v))| (k.as_slice(), *v)).collect();
+        let pairs = keys
+            .iter()
+            .zip(pairs)
+            .map(|(k, (_, v))| (k.as_slice(), *v))
+            .collect();
         self.send(&Request::MultiSet { pairs }, "multi_set").await
     }
 
     /// Appends to the key's value, creating it if missing.
     pub async fn append(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::Append { key: &wire(key), value }, "append").await
+        self.send(
+            &Request::Append {
+                key: &wire(key),
+                value,
+            },
+            "append",
+        )
+        .await
     }
 
     /// Pushes onto a queue (torch's libuv server and muster's only).
     pub async fn queue_push(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::QueuePush { key: &wire(key), value }, "queue_push").await
+        self.send(
+            &Request::QueuePush {
+                key: &wire(key),
+                value,
+            },
+            "queue_push",
+        )
+        .await
     }
 
     /// Pops the queue's head; with `block`, first waits up to the client timeout for an item,
     /// else returns `None` on an empty queue.
-    pub async fn queue_pop(&mut self, key: &str, block: bool) -> Result<Option<Vec<u8>>, StoreError> {
+    pub async fn queue_pop(
+        &mut self,
+        key: &str,
+        block: bool,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
         let key = wire(key);
         if block {
             self.await_keys(&[&key], self.timeout, "queue_pop").await?;
         }
-        self.call(&Request::QueuePop { key: &key }, "queue_pop", item_of).await
+        self.call(&Request::QueuePop { key: &key }, "queue_pop", item_of)
+            .await
     }
 
     pub async fn queue_len(&mut self, key: &str) -> Result<i64, StoreError> {
-        self.call(&Request::QueueLen { key: &wire(key) }, "queue_len", int_of).await
+        self.call(&Request::QueueLen { key: &wire(key) }, "queue_len", int_of)
+            .await
     }
 
     /// The store's keys in this client's namespace (torch's own `init/` key is not listed).
@@ -186,19 +265,37 @@ impl Client {
     }
 
     /// Blocks until `world_size` callers reached the barrier `key`, at most `timeout`.
-    pub async fn barrier(&mut self, key: &str, world_size: i64, timeout: Duration) -> Result<(), StoreError> {
+    pub async fn barrier(
+        &mut self,
+        key: &str,
+        world_size: i64,
+        timeout: Duration,
+    ) -> Result<(), StoreError> {
         let key = wire(key);
-        self.send(&Request::Barrier { key: &key, world_size }, "barrier").await?;
+        self.send(
+            &Request::Barrier {
+                key: &key,
+                world_size,
+            },
+            "barrier",
+        )
+        .await?;
         self.await_release("barrier", timeout, &[&key]).await
     }
 
     /// Round trip to the server.
     pub async fn ping(&mut self) -> Result<(), StoreError> {
         let nonce = jitter_seed() as u32;
-        let got = self.call(&Request::Ping { nonce }, "ping", nonce_of).await?;
+        let got = self
+            .call(&Request::Ping { nonce }, "ping", nonce_of)
+            .await?;
         if got != nonce {
             self.broken = true;
-            return Err(StoreError::Handshake { addr: self.addr, expected: nonce, got });
+            return Err(StoreError::Handshake {
+                addr: self.addr,
+                expected: nonce,
+                got,
+            });
         }
         Ok(())
     }
@@ -206,40 +303,82 @@ impl Client {
     /// Sets a key that the server deletes when this connection closes (muster servers only;
     /// torch's close the connection).
     pub async fn set_session(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(&Request::SetSession { key: &wire(key), value }, "set_session").await
+        self.send(
+            &Request::SetSession {
+                key: &wire(key),
+                value,
+            },
+            "set_session",
+        )
+        .await
     }
 
     /// Turns this connection into a watch connection (muster servers only). It keeps the
     /// session keys it set, and can still set more.
     pub async fn watch(self, target: WatchTarget) -> Result<Watcher, StoreError> {
-        let mut watcher = Watcher { client: self, events: VecDeque::new() };
+        let mut watcher = Watcher {
+            client: self,
+            events: VecDeque::new(),
+        };
         watcher.watch(target).await?;
         Ok(watcher)
     }
 
     /// WAIT on `keys` with torch's timeout protocol.
-    async fn await_keys(&mut self, keys: &[&[u8]], timeout: Duration, op: &'static str) -> Result<(), StoreError> {
-        self.send(&Request::Wait { keys: keys.to_vec() }, op).await?;
+    async fn await_keys(
+        &mut self,
+        keys: &[&[u8]],
+        timeout: Duration,
+        op: &'static str,
+    ) -> Result<(), StoreError> {
+        self.send(
+            &Request::Wait {
+                keys: keys.to_vec(),
+            },
+            op,
+        )
+        .await?;
         self.await_release(op, timeout, keys).await
     }
 
     /// Reads the STOP_WAITING of a WAIT/BARRIER. At the deadline it sends CANCEL_WAIT and
     /// reads its WAIT_CANCELED (after a STOP_WAITING that may have raced it), as torch does,
     /// so the connection stays usable.
-    async fn await_release(&mut self, op: &'static str, timeout: Duration, keys: &[&[u8]]) -> Result<(), StoreError> {
+    async fn await_release(
+        &mut self,
+        op: &'static str,
+        timeout: Duration,
+        keys: &[&[u8]],
+    ) -> Result<(), StoreError> {
         let deadline = Instant::now() + timeout;
-        if let Some(byte) = self.try_receive(ReplyShape::Byte, op, deadline, byte_of).await? {
+        if let Some(byte) = self
+            .try_receive(ReplyShape::Byte, op, deadline, byte_of)
+            .await?
+        {
             return self.expect_byte(byte, STOP_WAITING, op);
         }
         self.send(&Request::CancelWait, "cancel_wait").await?;
         let deadline = Instant::now() + self.timeout;
-        let mut byte = self.receive(ReplyShape::Byte, "cancel_wait", deadline, byte_of).await?;
+        let mut byte = self
+            .receive(ReplyShape::Byte, "cancel_wait", deadline, byte_of)
+            .await?;
         if byte == STOP_WAITING {
-            byte = self.receive(ReplyShape::Byte, "cancel_wait", deadline, byte_of).await?;
+            byte = self
+                .receive(ReplyShape::Byte, "cancel_wait", deadline, byte_of)
+                .await?;
         }
         self.expect_byte(byte, WAIT_CANCELED, "cancel_wait")?;
-        let keys = keys.iter().map(|k| String::from_utf8_lossy(k)).collect::<Vec<_>>().join(", ");
-        Err(StoreError::WaitTimeout { addr: self.addr, op, timeout, keys })
+        let keys = keys
+            .iter()
+            .map(|k| String::from_utf8_lossy(k))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(StoreError::WaitTimeout {
+            addr: self.addr,
+            op,
+            timeout,
+            keys,
+        })
     }
 
     fn expect_byte(&mut self, got: u8, expected: u8, op: &'static str) -> Result<(), StoreError> {
@@ -248,7 +387,11 @@ impl Client {
         }
         self.broken = true;
         let source = FrameError::Malformed("unexpected reply byte");
-        Err(StoreError::Protocol { addr: self.addr, op, source })
+        Err(StoreError::Protocol {
+            addr: self.addr,
+            op,
+            source,
+        })
     }
 
     /// Sends `request` (after anything already in the output buffer) and reads its reply.
@@ -274,8 +417,16 @@ impl Client {
         self.output.clear();
         match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(self.fail(StoreError::Io { addr: self.addr, op, source })),
-            Err(_) => Err(self.fail(StoreError::Timeout { addr: self.addr, op, timeout: self.timeout })),
+            Ok(Err(source)) => Err(self.fail(StoreError::Io {
+                addr: self.addr,
+                op,
+                source,
+            })),
+            Err(_) => Err(self.fail(StoreError::Timeout {
+                addr: self.addr,
+                op,
+                timeout: self.timeout,
+            })),
         }
     }
 
@@ -288,7 +439,11 @@ impl Client {
     ) -> Result<T, StoreError> {
         match self.try_receive(shape, op, deadline, convert).await? {
             Some(value) => Ok(value),
-            None => Err(self.fail(StoreError::Timeout { addr: self.addr, op, timeout: self.timeout })),
+            None => Err(self.fail(StoreError::Timeout {
+                addr: self.addr,
+                op,
+                timeout: self.timeout,
+            })),
         }
     }
 
@@ -307,20 +462,37 @@ impl Client {
                     let value = convert(reply);
                     self.input.drain(..n);
                     let source = FrameError::Malformed("reply of another shape");
-                    let error = StoreError::Protocol { addr: self.addr, op, source };
+                    let error = StoreError::Protocol {
+                        addr: self.addr,
+                        op,
+                        source,
+                    };
                     return value.map(Some).ok_or_else(|| self.fail(error));
                 }
                 Ok(None) => {}
                 Err(source) => {
-                    return Err(self.fail(StoreError::Protocol { addr: self.addr, op, source }))
+                    return Err(self.fail(StoreError::Protocol {
+                        addr: self.addr,
+                        op,
+                        source,
+                    }))
                 }
             }
             self.input.reserve(4096);
             match timeout_at(deadline, self.stream.read_buf(&mut self.input)).await {
-                Ok(Ok(0)) => return Err(self.fail(StoreError::Closed { addr: self.addr, op })),
+                Ok(Ok(0)) => {
+                    return Err(self.fail(StoreError::Closed {
+                        addr: self.addr,
+                        op,
+                    }))
+                }
                 Ok(Ok(_)) => {}
                 Ok(Err(source)) => {
-                    return Err(self.fail(StoreError::Io { addr: self.addr, op, source }))
+                    return Err(self.fail(StoreError::Io {
+                        addr: self.addr,
+                        op,
+                        source,
+                    }))
                 }
                 Err(_) => return Ok(None),
             }
@@ -371,27 +543,47 @@ impl Watcher {
             WatchTarget::Key(key) => (WatchMode::Key, wire(key)),
             WatchTarget::Prefix(prefix) => (WatchMode::Prefix, wire(prefix)),
         };
-        self.client.send(&Request::Watch { mode, pattern: &pattern }, "watch").await?;
+        self.client
+            .send(
+                &Request::Watch {
+                    mode,
+                    pattern: &pattern,
+                },
+                "watch",
+            )
+            .await?;
         let deadline = Instant::now() + self.client.timeout;
         loop {
-            let (kind, key) = self.client.receive(ReplyShape::Event, "watch", deadline, event_of).await?;
+            let (kind, key) = self
+                .client
+                .receive(ReplyShape::Event, "watch", deadline, event_of)
+                .await?;
             match kind {
                 EventKind::Watching => return Ok(()),
-                EventKind::Written => self.events.push_back(user_event(WatchEventKind::Written, &key)),
-                EventKind::Deleted => self.events.push_back(user_event(WatchEventKind::Deleted, &key)),
+                EventKind::Written => self
+                    .events
+                    .push_back(user_event(WatchEventKind::Written, &key)),
+                EventKind::Deleted => self
+                    .events
+                    .push_back(user_event(WatchEventKind::Deleted, &key)),
             }
         }
     }
 
     /// The next event, or `None` if none comes within `timeout`.
-    pub async fn next_event(&mut self, timeout: Duration) -> Result<Option<WatchEvent>, StoreError> {
+    pub async fn next_event(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<WatchEvent>, StoreError> {
         if let Some(event) = self.events.pop_front() {
             return Ok(Some(event));
         }
         let deadline = Instant::now() + timeout;
         loop {
-            let Some((kind, key)) =
-                self.client.try_receive(ReplyShape::Event, "watch", deadline, event_of).await?
+            let Some((kind, key)) = self
+                .client
+                .try_receive(ReplyShape::Event, "watch", deadline, event_of)
+                .await?
             else {
                 return Ok(None);
             };
@@ -412,7 +604,10 @@ impl Watcher {
 
 fn user_event(kind: WatchEventKind, key: &[u8]) -> WatchEvent {
     let key = key.strip_prefix(b"/").unwrap_or(key);
-    WatchEvent { kind, key: String::from_utf8_lossy(key).into_owned() }
+    WatchEvent {
+        kind,
+        key: String::from_utf8_lossy(key).into_owned(),
+    }
 }
 
 fn wire(key: &str) -> Vec<u8> {

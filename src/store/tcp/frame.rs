@@ -147,28 +147,73 @@ pub enum EventKind {
 /// A decoded request; keys and values borrow the receive buffer.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request<'a> {
-    Validate { magic: u32 },
-    Set { key: &'a [u8], value: &'a [u8] },
-    CompareSet { key: &'a [u8], expected: &'a [u8], desired: &'a [u8] },
-    Get { key: &'a [u8] },
-    Add { key: &'a [u8], delta: i64 },
-    Check { keys: Vec<&'a [u8]> },
-    Wait { keys: Vec<&'a [u8]> },
+    Validate {
+        magic: u32,
+    },
+    Set {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    CompareSet {
+        key: &'a [u8],
+        expected: &'a [u8],
+        desired: &'a [u8],
+    },
+    Get {
+        key: &'a [u8],
+    },
+    Add {
+        key: &'a [u8],
+        delta: i64,
+    },
+    Check {
+        keys: Vec<&'a [u8]>,
+    },
+    Wait {
+        keys: Vec<&'a [u8]>,
+    },
     GetNumKeys,
-    DeleteKey { key: &'a [u8] },
-    Append { key: &'a [u8], value: &'a [u8] },
-    MultiGet { keys: Vec<&'a [u8]> },
+    DeleteKey {
+        key: &'a [u8],
+    },
+    Append {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    MultiGet {
+        keys: Vec<&'a [u8]>,
+    },
     /// torch's client writes the count as `int64_t`; same 8 bytes as `u64` for valid counts.
-    MultiSet { pairs: Vec<(&'a [u8], &'a [u8])> },
+    MultiSet {
+        pairs: Vec<(&'a [u8], &'a [u8])>,
+    },
     CancelWait,
-    Ping { nonce: u32 },
-    QueuePush { key: &'a [u8], value: &'a [u8] },
-    QueuePop { key: &'a [u8] },
-    QueueLen { key: &'a [u8] },
+    Ping {
+        nonce: u32,
+    },
+    QueuePush {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    QueuePop {
+        key: &'a [u8],
+    },
+    QueueLen {
+        key: &'a [u8],
+    },
     ListKeys,
-    Barrier { key: &'a [u8], world_size: i64 },
-    SetSession { key: &'a [u8], value: &'a [u8] },
-    Watch { mode: WatchMode, pattern: &'a [u8] },
+    Barrier {
+        key: &'a [u8],
+        world_size: i64,
+    },
+    SetSession {
+        key: &'a [u8],
+        value: &'a [u8],
+    },
+    Watch {
+        mode: WatchMode,
+        pattern: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -239,7 +284,11 @@ impl<'a> Request<'a> {
                 put_bytes(out, key);
                 put_bytes(out, value);
             }
-            Request::CompareSet { key, expected, desired } => {
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => {
                 put_bytes(out, key);
                 put_bytes(out, expected);
                 put_bytes(out, desired);
@@ -278,20 +327,35 @@ impl<'a> Request<'a> {
         let mut c = Cursor { rest: body };
         let request = match query {
             Query::Validate => Request::Validate { magic: c.u32()? },
-            Query::Set => Request::Set { key: c.bytes()?, value: c.bytes()? },
+            Query::Set => Request::Set {
+                key: c.bytes()?,
+                value: c.bytes()?,
+            },
             Query::CompareSet => Request::CompareSet {
                 key: c.bytes()?,
                 expected: c.bytes()?,
                 desired: c.bytes()?,
             },
             Query::Get => Request::Get { key: c.bytes()? },
-            Query::Add => Request::Add { key: c.bytes()?, delta: c.i64()? },
-            Query::Check => Request::Check { keys: c.bytes_list()? },
-            Query::Wait => Request::Wait { keys: c.bytes_list()? },
+            Query::Add => Request::Add {
+                key: c.bytes()?,
+                delta: c.i64()?,
+            },
+            Query::Check => Request::Check {
+                keys: c.bytes_list()?,
+            },
+            Query::Wait => Request::Wait {
+                keys: c.bytes_list()?,
+            },
             Query::GetNumKeys => Request::GetNumKeys,
             Query::DeleteKey => Request::DeleteKey { key: c.bytes()? },
-            Query::Append => Request::Append { key: c.bytes()?, value: c.bytes()? },
-            Query::MultiGet => Request::MultiGet { keys: c.bytes_list()? },
+            Query::Append => Request::Append {
+                key: c.bytes()?,
+                value: c.bytes()?,
+            },
+            Query::MultiGet => Request::MultiGet {
+                keys: c.bytes_list()?,
+            },
             Query::MultiSet => {
                 let n = c.count()?;
                 let mut pairs = Vec::with_capacity(n.min(c.rest.len() / 16));
@@ -302,19 +366,31 @@ impl<'a> Request<'a> {
             }
             Query::CancelWait => Request::CancelWait,
             Query::Ping => Request::Ping { nonce: c.u32()? },
-            Query::QueuePush => Request::QueuePush { key: c.bytes()?, value: c.bytes()? },
+            Query::QueuePush => Request::QueuePush {
+                key: c.bytes()?,
+                value: c.bytes()?,
+            },
             Query::QueuePop => Request::QueuePop { key: c.bytes()? },
             Query::QueueLen => Request::QueueLen { key: c.bytes()? },
             Query::ListKeys => Request::ListKeys,
-            Query::Barrier => Request::Barrier { key: c.bytes()?, world_size: c.i64()? },
-            Query::SetSession => Request::SetSession { key: c.bytes()?, value: c.bytes()? },
+            Query::Barrier => Request::Barrier {
+                key: c.bytes()?,
+                world_size: c.i64()?,
+            },
+            Query::SetSession => Request::SetSession {
+                key: c.bytes()?,
+                value: c.bytes()?,
+            },
             Query::Watch => {
                 let mode = match c.u8()? {
                     0 => WatchMode::Key,
                     1 => WatchMode::Prefix,
                     _ => return Err(FrameError::Malformed("unknown WATCH mode")),
                 };
-                Request::Watch { mode, pattern: c.bytes()? }
+                Request::Watch {
+                    mode,
+                    pattern: c.bytes()?,
+                }
             }
         };
         c.finish(request)
@@ -365,9 +441,15 @@ pub enum Reply<'a> {
     Int(i64),
     Value(&'a [u8]),
     Values(Vec<&'a [u8]>),
-    QueueItem { len_before: i64, value: Option<&'a [u8]> },
+    QueueItem {
+        len_before: i64,
+        value: Option<&'a [u8]>,
+    },
     Keys(Vec<&'a [u8]>),
-    Event { kind: EventKind, key: &'a [u8] },
+    Event {
+        kind: EventKind,
+        key: &'a [u8],
+    },
 }
 
 impl<'a> Reply<'a> {
@@ -409,7 +491,11 @@ impl<'a> Reply<'a> {
             }
             ReplyShape::QueueItem => {
                 let len_before = c.i64()?;
-                let value = if len_before > 0 { Some(c.bytes()?) } else { None };
+                let value = if len_before > 0 {
+                    Some(c.bytes()?)
+                } else {
+                    None
+                };
                 Reply::QueueItem { len_before, value }
             }
             ReplyShape::Keys => Reply::Keys(c.bytes_list()?),
@@ -420,7 +506,10 @@ impl<'a> Reply<'a> {
                     2 => EventKind::Deleted,
                     _ => return Err(FrameError::Malformed("unknown watch event kind")),
                 };
-                Reply::Event { kind, key: c.bytes()? }
+                Reply::Event {
+                    kind,
+                    key: c.bytes()?,
+                }
             }
         };
         c.finish(reply)
@@ -437,17 +526,25 @@ pub struct RequestDecoder {
 
 impl RequestDecoder {
     pub fn new(max_frame_bytes: usize) -> RequestDecoder {
-        RequestDecoder { max_frame: max_frame_bytes, pending: None }
+        RequestDecoder {
+            max_frame: max_frame_bytes,
+            pending: None,
+        }
     }
 
     /// Decodes the request at the start of `buf`: `Ok(None)` when more bytes are needed,
     /// `Ok(Some((request, n)))` when the first `n` bytes form one. Between calls the caller
     /// may only append to `buf`, or drop the `n` bytes of a returned frame from its front.
-    pub fn decode<'b>(&mut self, buf: &'b [u8]) -> Result<Option<(Request<'b>, usize)>, FrameError> {
+    pub fn decode<'b>(
+        &mut self,
+        buf: &'b [u8],
+    ) -> Result<Option<(Request<'b>, usize)>, FrameError> {
         let (query, scan) = match &mut self.pending {
             Some(pending) => pending,
             None => {
-                let Some(&byte) = buf.first() else { return Ok(None) };
+                let Some(&byte) = buf.first() else {
+                    return Ok(None);
+                };
                 let query = Query::from_byte(byte).ok_or(FrameError::UnknownQuery(byte))?;
                 self.pending.insert((query, Scan::starting_at(1)))
             }
@@ -476,7 +573,11 @@ impl ReplyDecoder {
         if let ReplyShape::Values(n) = shape {
             scan.strings_left = Some(n);
         }
-        ReplyDecoder { shape, max_frame: max_frame_bytes, scan }
+        ReplyDecoder {
+            shape,
+            max_frame: max_frame_bytes,
+            scan,
+        }
     }
 
     /// As [`RequestDecoder::decode`], for the reply at the start of `buf`.
@@ -541,11 +642,20 @@ struct Scan {
 
 impl Scan {
     fn starting_at(pos: usize) -> Scan {
-        Scan { pos, field: 0, strings_left: None }
+        Scan {
+            pos,
+            field: 0,
+            strings_left: None,
+        }
     }
 
     /// Continues over `buf`; `Ok(Some(len))` once the whole frame of `len` bytes is there.
-    fn run(&mut self, fields: &[Field], buf: &[u8], max: usize) -> Result<Option<usize>, FrameError> {
+    fn run(
+        &mut self,
+        fields: &[Field],
+        buf: &[u8],
+        max: usize,
+    ) -> Result<Option<usize>, FrameError> {
         while let Some(&field) = fields.get(self.field) {
             let done = match field {
                 Field::U8 => self.skip_fixed(buf, 1, max)?,
@@ -586,7 +696,9 @@ impl Scan {
     }
 
     fn skip_bytes(&mut self, buf: &[u8], max: usize) -> Result<bool, FrameError> {
-        let Some(len) = self.peek_u64(buf, max)? else { return Ok(false) };
+        let Some(len) = self.peek_u64(buf, max)? else {
+            return Ok(false);
+        };
         let body = self.pos + 8;
         if len > (max - body) as u64 {
             return Err(FrameError::TooLarge { limit: max });
@@ -601,7 +713,9 @@ impl Scan {
 
     fn skip_list(&mut self, field: Field, buf: &[u8], max: usize) -> Result<bool, FrameError> {
         if self.strings_left.is_none() {
-            let Some(header) = self.peek_u64(buf, max)? else { return Ok(false) };
+            let Some(header) = self.peek_u64(buf, max)? else {
+                return Ok(false);
+            };
             let strings = match field {
                 Field::PairList => check_count(header, 2, self.pos + 8, max)?,
                 Field::QueueItem => u64::from((header as i64) > 0),
@@ -631,7 +745,9 @@ fn check_count(count: u64, per_item: u64, pos: usize, max: usize) -> Result<u64,
 }
 
 fn bounded_capacity(count: u64, bytes_left: usize) -> usize {
-    usize::try_from(count).unwrap_or(usize::MAX).min(bytes_left / 8)
+    usize::try_from(count)
+        .unwrap_or(usize::MAX)
+        .min(bytes_left / 8)
 }
 
 fn le_u64(bytes: &[u8]) -> u64 {

@@ -64,13 +64,19 @@ impl Server {
     /// binds dual-stack `[::]` like torch, falling back to `0.0.0.0` where IPv6 is off.
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Server, StoreError> {
         let listener = listen(addr)?;
-        let local_addr =
-            listener.local_addr().map_err(|source| StoreError::Bind { addr, source })?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| StoreError::Bind { addr, source })?;
         let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes)));
         let (stop, stopped) = watch::channel(false);
         let accept_task = tokio::spawn(accept_loop(listener, state.clone(), config, stopped));
         info!(%local_addr, "store listening");
-        Ok(Server { local_addr, state, stop, accept_task: Some(accept_task) })
+        Ok(Server {
+            local_addr,
+            state,
+            stop,
+            accept_task: Some(accept_task),
+        })
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -98,7 +104,9 @@ impl Server {
 
 impl fmt::Debug for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Server").field("local_addr", &self.local_addr).finish_non_exhaustive()
+        f.debug_struct("Server")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
     }
 }
 
@@ -186,7 +194,10 @@ async fn accept_loop(
 fn tune(stream: &TcpStream, keepalive: Option<Duration>) {
     let result = stream.set_nodelay(true).and_then(|()| match keepalive {
         Some(idle) => SockRef::from(stream).set_tcp_keepalive(
-            &TcpKeepalive::new().with_time(idle).with_interval(idle).with_retries(3),
+            &TcpKeepalive::new()
+                .with_time(idle)
+                .with_interval(idle)
+                .with_retries(3),
         ),
         None => Ok(()),
     });
@@ -291,7 +302,9 @@ impl Connection {
             // artifact of its parser (shared/reference/tcpstore.md §1.4).
             if !*validated {
                 match request {
-                    Request::Validate { magic: VALIDATE_MAGIC } => *validated = true,
+                    Request::Validate {
+                        magic: VALIDATE_MAGIC,
+                    } => *validated = true,
                     Request::Validate { magic } => return Err(Closed::BadMagic(magic)),
                     other => return Err(Closed::NotValidated(other.query())),
                 }

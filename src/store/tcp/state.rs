@@ -22,7 +22,11 @@ type Key = Vec<u8>;
 #[derive(Debug, Error)]
 pub(crate) enum Refusal {
     #[error("{query:?} on key {key:?} whose value {value:?} is not a decimal integer")]
-    NotAnInteger { query: Query, key: String, value: String },
+    NotAnInteger {
+        query: Query,
+        key: String,
+        value: String,
+    },
     #[error("{query:?} on key {key:?} overflows a 64-bit integer")]
     Overflow { query: Query, key: String },
     #[error("the reply to {query:?} would exceed the {limit}-byte limit (max_frame_bytes)")]
@@ -95,7 +99,9 @@ impl State {
     /// Forgets the connection: its waits and watches end, its session keys are deleted.
     pub(crate) fn disconnect(&mut self, id: ConnId) {
         self.cancel_wait(id);
-        let Some(conn) = self.conns.remove(&id) else { return };
+        let Some(conn) = self.conns.remove(&id) else {
+            return;
+        };
         for (mode, pattern) in conn.watches {
             match mode {
                 WatchMode::Key => {
@@ -120,7 +126,9 @@ impl State {
     /// Moves the connection's pending output into `buf` (empty on entry). `Err` when it fell
     /// so far behind reading that it must be closed.
     pub(crate) fn take_output(&mut self, id: ConnId, buf: &mut Vec<u8>) -> Result<(), Overflowed> {
-        let Some(conn) = self.conns.get_mut(&id) else { return Ok(()) };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Ok(());
+        };
         if conn.overflowed {
             return Err(Overflowed);
         }
@@ -149,7 +157,9 @@ impl State {
 
     /// Applies one request from connection `id`, queueing its reply.
     pub(crate) fn apply(&mut self, id: ConnId, request: Request<'_>) -> Result<(), Refusal> {
-        let Some(conn) = self.conns.get_mut(&id) else { return Ok(()) };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Ok(());
+        };
         if !conn.watches.is_empty()
             && request.reply_shape().is_some()
             && !matches!(request, Request::Watch { .. })
@@ -167,7 +177,12 @@ impl State {
         result
     }
 
-    fn execute(&mut self, id: ConnId, request: Request<'_>, out: &mut Vec<u8>) -> Result<(), Refusal> {
+    fn execute(
+        &mut self,
+        id: ConnId,
+        request: Request<'_>,
+        out: &mut Vec<u8>,
+    ) -> Result<(), Refusal> {
         let query = request.query();
         match request {
             Request::Validate { .. } => return Err(Refusal::LateValidate),
@@ -175,7 +190,11 @@ impl State {
                 self.unbind(key);
                 self.write(key, value.to_vec());
             }
-            Request::CompareSet { key, expected, desired } => match self.kv.get_mut(key) {
+            Request::CompareSet {
+                key,
+                expected,
+                desired,
+            } => match self.kv.get_mut(key) {
                 Some(current) if current == expected => {
                     *current = desired.to_vec();
                     frame::put_bytes(out, desired);
@@ -192,24 +211,36 @@ impl State {
                 None => frame::put_bytes(out, expected),
             },
             // A missing key reads as empty, as in libuv (legacy closes the connection).
-            Request::Get { key } => frame::put_bytes(out, self.kv.get(key).map_or(&[][..], Vec::as_slice)),
+            Request::Get { key } => {
+                frame::put_bytes(out, self.kv.get(key).map_or(&[][..], Vec::as_slice))
+            }
             Request::Add { key, delta } => {
                 let sum = self
                     .integer(query, key)?
                     .checked_add(delta)
-                    .ok_or_else(|| Refusal::Overflow { query, key: lossy(key) })?;
+                    .ok_or_else(|| Refusal::Overflow {
+                        query,
+                        key: lossy(key),
+                    })?;
                 frame::put_i64(out, sum);
                 self.write(key, sum.to_string().into_bytes());
             }
             Request::Check { keys } => {
                 let ready = keys.iter().all(|k| self.present(k));
-                out.push(if ready { frame::CHECK_READY } else { frame::CHECK_NOT_READY });
+                out.push(if ready {
+                    frame::CHECK_READY
+                } else {
+                    frame::CHECK_NOT_READY
+                });
             }
             Request::Wait { keys } => {
                 // torch tracks one wait per connection; a new one replaces the old.
                 self.cancel_wait(id);
-                let missing: Vec<Key> =
-                    keys.iter().filter(|k| !self.present(k)).map(|k| k.to_vec()).collect();
+                let missing: Vec<Key> = keys
+                    .iter()
+                    .filter(|k| !self.present(k))
+                    .map(|k| k.to_vec())
+                    .collect();
                 if missing.is_empty() {
                     out.push(frame::STOP_WAITING);
                 } else {
@@ -226,16 +257,24 @@ impl State {
                 frame::put_i64(out, i64::from(deleted));
             }
             Request::Append { key, value } => {
-                self.kv.entry(key.to_vec()).or_default().extend_from_slice(value);
+                self.kv
+                    .entry(key.to_vec())
+                    .or_default()
+                    .extend_from_slice(value);
                 self.wake_all(key);
                 self.notify(key, EventKind::Written);
             }
             Request::MultiGet { keys } => {
-                let values: Vec<&[u8]> =
-                    keys.iter().map(|k| self.kv.get(*k).map_or(&[][..], Vec::as_slice)).collect();
+                let values: Vec<&[u8]> = keys
+                    .iter()
+                    .map(|k| self.kv.get(*k).map_or(&[][..], Vec::as_slice))
+                    .collect();
                 let size: usize = values.iter().map(|v| 8 + v.len()).sum();
                 if size > self.max_frame {
-                    return Err(Refusal::ReplyTooLarge { query, limit: self.max_frame });
+                    return Err(Refusal::ReplyTooLarge {
+                        query,
+                        limit: self.max_frame,
+                    });
                 }
                 values.iter().for_each(|v| frame::put_bytes(out, v));
             }
@@ -251,7 +290,10 @@ impl State {
             }
             Request::Ping { nonce } => out.extend_from_slice(&nonce.to_le_bytes()),
             Request::QueuePush { key, value } => {
-                self.queues.entry(key.to_vec()).or_default().push_back(value.to_vec());
+                self.queues
+                    .entry(key.to_vec())
+                    .or_default()
+                    .push_back(value.to_vec());
                 self.wake_one(key);
             }
             Request::QueuePop { key } => {
@@ -273,16 +315,22 @@ impl State {
             Request::ListKeys => {
                 let size: usize = 8 + self.kv.keys().map(|k| 8 + k.len()).sum::<usize>();
                 if size > self.max_frame {
-                    return Err(Refusal::ReplyTooLarge { query, limit: self.max_frame });
+                    return Err(Refusal::ReplyTooLarge {
+                        query,
+                        limit: self.max_frame,
+                    });
                 }
                 frame::put_i64(out, self.kv.len() as i64);
                 self.kv.keys().for_each(|k| frame::put_bytes(out, k));
             }
             Request::Barrier { key, world_size } => {
-                let count = self
-                    .integer(query, key)?
-                    .checked_add(1)
-                    .ok_or_else(|| Refusal::Overflow { query, key: lossy(key) })?;
+                let count =
+                    self.integer(query, key)?
+                        .checked_add(1)
+                        .ok_or_else(|| Refusal::Overflow {
+                            query,
+                            key: lossy(key),
+                        })?;
                 // The count is never reset: later arrivals pass at once, as in torch.
                 self.kv.insert(key.to_vec(), count.to_string().into_bytes());
                 self.notify(key, EventKind::Written);
@@ -300,7 +348,11 @@ impl State {
             }
             Request::Watch { mode, pattern } => {
                 match mode {
-                    WatchMode::Key => self.key_watchers.entry(pattern.to_vec()).or_default().push(id),
+                    WatchMode::Key => self
+                        .key_watchers
+                        .entry(pattern.to_vec())
+                        .or_default()
+                        .push(id),
                     WatchMode::Prefix => self.prefix_watchers.push((pattern.to_vec(), id)),
                 }
                 if let Some(conn) = self.conns.get_mut(&id) {
@@ -326,7 +378,9 @@ impl State {
 
     /// The key's value read as torch's `std::stoll` does; a missing key is 0.
     fn integer(&self, query: Query, key: &[u8]) -> Result<i64, Refusal> {
-        let Some(value) = self.kv.get(key) else { return Ok(0) };
+        let Some(value) = self.kv.get(key) else {
+            return Ok(0);
+        };
         parse_leading_integer(value).ok_or_else(|| Refusal::NotAnInteger {
             query,
             key: lossy(key),
@@ -345,7 +399,9 @@ impl State {
     }
 
     fn cancel_wait(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         conn.awaited = 0;
         for key in mem::take(&mut conn.wait_keys) {
             if let Some(list) = self.waiters.get_mut(&key) {
@@ -365,8 +421,12 @@ impl State {
 
     /// QUEUE_PUSH wakes one waiter: one item serves one blocked `queue_pop`.
     fn wake_one(&mut self, key: &[u8]) {
-        let Some(list) = self.waiters.get_mut(key) else { return };
-        let Some(id) = (!list.is_empty()).then(|| list.remove(0)) else { return };
+        let Some(list) = self.waiters.get_mut(key) else {
+            return;
+        };
+        let Some(id) = (!list.is_empty()).then(|| list.remove(0)) else {
+            return;
+        };
         if list.is_empty() {
             self.waiters.remove(key);
         }
@@ -375,7 +435,9 @@ impl State {
 
     /// One registration of `id` fired; the last one answers its WAIT.
     fn wake(&mut self, id: ConnId) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         conn.awaited = conn.awaited.saturating_sub(1);
         if conn.awaited == 0 {
             conn.wait_keys.clear();
@@ -393,7 +455,10 @@ impl State {
         }
         let mut targets: Vec<ConnId> = self.key_watchers.get(key).cloned().unwrap_or_default();
         targets.extend(
-            self.prefix_watchers.iter().filter(|(p, _)| key.starts_with(p)).map(|(_, id)| *id),
+            self.prefix_watchers
+                .iter()
+                .filter(|(p, _)| key.starts_with(p))
+                .map(|(_, id)| *id),
         );
         targets.sort_unstable();
         targets.dedup();
@@ -404,7 +469,9 @@ impl State {
 
     /// Queues bytes for a connection other than the one being served, and wakes its task.
     fn send_deferred(&mut self, id: ConnId, write: impl FnOnce(&mut Vec<u8>)) {
-        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return;
+        };
         if conn.overflowed {
             return;
         }
@@ -448,7 +515,9 @@ pub(crate) struct Overflowed;
 /// The integer at the start of `value`, read as C's `strtoll` (torch's `std::stoll`): leading
 /// whitespace and a sign allowed, trailing bytes ignored, no digits or overflow is an error.
 fn parse_leading_integer(value: &[u8]) -> Option<i64> {
-    let start = value.iter().position(|b| !matches!(b, b' ' | b'\t'..=b'\r'))?;
+    let start = value
+        .iter()
+        .position(|b| !matches!(b, b' ' | b'\t'..=b'\r'))?;
     let rest = &value[start..];
     let (negative, digits) = match rest.split_first() {
         Some((b'-', digits)) => (true, digits),
@@ -462,7 +531,11 @@ fn parse_leading_integer(value: &[u8]) -> Option<i64> {
     digits[..len].iter().try_fold(0i64, |acc, d| {
         let d = i64::from(d - b'0');
         let acc = acc.checked_mul(10)?;
-        if negative { acc.checked_sub(d) } else { acc.checked_add(d) }
+        if negative {
+            acc.checked_sub(d)
+        } else {
+            acc.checked_add(d)
+        }
     })
 }
 
@@ -480,7 +553,10 @@ mod tests {
         assert_eq!(parse_leading_integer(b" 12xyz"), Some(12));
         assert_eq!(parse_leading_integer(b"\t-7"), Some(-7));
         assert_eq!(parse_leading_integer(b"+5"), Some(5));
-        assert_eq!(parse_leading_integer(b"-9223372036854775808"), Some(i64::MIN));
+        assert_eq!(
+            parse_leading_integer(b"-9223372036854775808"),
+            Some(i64::MIN)
+        );
         assert_eq!(parse_leading_integer(b"9223372036854775808"), None);
         assert_eq!(parse_leading_integer(b"abc"), None);
         assert_eq!(parse_leading_integer(b"-"), None);

@@ -22,7 +22,11 @@ fn assert_request(wire: &str, expected: Request<'_>) {
     assert_eq!(out, wire, "encoding of {expected:?}");
     let mut decoder = RequestDecoder::new(MAX);
     for end in 0..wire.len() {
-        assert_eq!(decoder.decode(&wire[..end]), Ok(None), "prefix of {end} bytes");
+        assert_eq!(
+            decoder.decode(&wire[..end]),
+            Ok(None),
+            "prefix of {end} bytes"
+        );
     }
     assert_eq!(decoder.decode(&wire).unwrap().unwrap().0, expected);
 }
@@ -31,7 +35,11 @@ fn assert_reply(shape: ReplyShape, wire: &str, expected: Reply<'_>) {
     let wire = hex(wire);
     let mut decoder = ReplyDecoder::new(shape, MAX);
     for end in 0..wire.len() {
-        assert_eq!(decoder.decode(&wire[..end]), Ok(None), "prefix of {end} bytes");
+        assert_eq!(
+            decoder.decode(&wire[..end]),
+            Ok(None),
+            "prefix of {end} bytes"
+        );
     }
     let (reply, n) = decoder.decode(&wire).unwrap().unwrap();
     assert_eq!(reply, expected);
@@ -43,7 +51,12 @@ fn assert_reply(shape: ReplyShape, wire: &str, expected: Reply<'_>) {
 
 #[test]
 fn handshake() {
-    assert_request("00 ce f7 85 3c", Request::Validate { magic: VALIDATE_MAGIC });
+    assert_request(
+        "00 ce f7 85 3c",
+        Request::Validate {
+            magic: VALIDATE_MAGIC,
+        },
+    );
     assert_request("0d ce 76 00 00", Request::Ping { nonce: 0x76ce });
     assert_reply(ReplyShape::Nonce, "ce 76 00 00", Reply::Nonce(0x76ce));
 }
@@ -52,32 +65,58 @@ fn handshake() {
 fn set_get_add() {
     assert_request(
         "04 05 00 00 00 00 00 00 00 69 6e 69 74 2f 01 00 00 00 00 00 00 00",
-        Request::Add { key: b"init/", delta: 1 },
+        Request::Add {
+            key: b"init/",
+            delta: 1,
+        },
     );
     assert_reply(ReplyShape::Int, "01 00 00 00 00 00 00 00", Reply::Int(1));
     assert_request(
         "01 02 00 00 00 00 00 00 00 2f 6b 02 00 00 00 00 00 00 00 76 31",
-        Request::Set { key: b"/k", value: b"v1" },
+        Request::Set {
+            key: b"/k",
+            value: b"v1",
+        },
     );
     assert_request(
         "06 01 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 2f 6b",
         Request::Wait { keys: vec![b"/k"] },
     );
     assert_reply(ReplyShape::Byte, "00", Reply::Byte(STOP_WAITING));
-    assert_request("03 02 00 00 00 00 00 00 00 2f 6b", Request::Get { key: b"/k" });
-    assert_reply(ReplyShape::Value, "02 00 00 00 00 00 00 00 76 31", Reply::Value(b"v1"));
+    assert_request(
+        "03 02 00 00 00 00 00 00 00 2f 6b",
+        Request::Get { key: b"/k" },
+    );
+    assert_reply(
+        ReplyShape::Value,
+        "02 00 00 00 00 00 00 00 76 31",
+        Reply::Value(b"v1"),
+    );
     assert_request(
         "04 04 00 00 00 00 00 00 00 2f 63 6e 74 05 00 00 00 00 00 00 00",
-        Request::Add { key: b"/cnt", delta: 5 },
+        Request::Add {
+            key: b"/cnt",
+            delta: 5,
+        },
     );
     assert_reply(ReplyShape::Int, "05 00 00 00 00 00 00 00", Reply::Int(5));
     assert_request(
         "04 04 00 00 00 00 00 00 00 2f 63 6e 74 fe ff ff ff ff ff ff ff",
-        Request::Add { key: b"/cnt", delta: -2 },
+        Request::Add {
+            key: b"/cnt",
+            delta: -2,
+        },
     );
     assert_reply(ReplyShape::Int, "03 00 00 00 00 00 00 00", Reply::Int(3));
-    assert_request("03 04 00 00 00 00 00 00 00 2f 63 6e 74", Request::Get { key: b"/cnt" });
-    assert_reply(ReplyShape::Value, "01 00 00 00 00 00 00 00 33", Reply::Value(b"3"));
+    assert_request(
+        "03 04 00 00 00 00 00 00 00 2f 63 6e 74",
+        Request::Get { key: b"/cnt" },
+    );
+    assert_reply(
+        ReplyShape::Value,
+        "01 00 00 00 00 00 00 00 33",
+        Reply::Value(b"3"),
+    );
 }
 
 #[test]
@@ -86,7 +125,11 @@ fn compare_set() {
         "02 02 00 00 00 00 00 00 00 2f 6b 02 00 00 00 00 00 00 00 76 31 02 00 00 00 00 00 00 00 76 32",
         Request::CompareSet { key: b"/k", expected: b"v1", desired: b"v2" },
     );
-    assert_reply(ReplyShape::Value, "02 00 00 00 00 00 00 00 76 32", Reply::Value(b"v2"));
+    assert_reply(
+        ReplyShape::Value,
+        "02 00 00 00 00 00 00 00 76 32",
+        Reply::Value(b"v2"),
+    );
     assert_request(
         "02 02 00 00 00 00 00 00 00 2f 6b 02 00 00 00 00 00 00 00 7a 7a 02 00 00 00 00 00 00 00 76 33",
         Request::CompareSet { key: b"/k", expected: b"zz", desired: b"v3" },
@@ -95,12 +138,20 @@ fn compare_set() {
         "02 04 00 00 00 00 00 00 00 2f 6e 65 77 00 00 00 00 00 00 00 00 02 00 00 00 00 00 00 00 6e 31",
         Request::CompareSet { key: b"/new", expected: b"", desired: b"n1" },
     );
-    assert_reply(ReplyShape::Value, "02 00 00 00 00 00 00 00 6e 31", Reply::Value(b"n1"));
+    assert_reply(
+        ReplyShape::Value,
+        "02 00 00 00 00 00 00 00 6e 31",
+        Reply::Value(b"n1"),
+    );
     assert_request(
         "02 09 00 00 00 00 00 00 00 2f 6d 69 73 73 69 6e 67 32 01 00 00 00 00 00 00 00 78 01 00 00 00 00 00 00 00 79",
         Request::CompareSet { key: b"/missing2", expected: b"x", desired: b"y" },
     );
-    assert_reply(ReplyShape::Value, "01 00 00 00 00 00 00 00 78", Reply::Value(b"x"));
+    assert_reply(
+        ReplyShape::Value,
+        "01 00 00 00 00 00 00 00 78",
+        Reply::Value(b"x"),
+    );
 }
 
 #[test]
@@ -117,7 +168,9 @@ fn check_wait_cancel() {
     assert_reply(ReplyShape::Byte, "01", Reply::Byte(CHECK_NOT_READY));
     assert_request(
         "06 01 00 00 00 00 00 00 00 05 00 00 00 00 00 00 00 2f 6e 6f 70 65",
-        Request::Wait { keys: vec![b"/nope"] },
+        Request::Wait {
+            keys: vec![b"/nope"],
+        },
     );
     assert_request("0c", Request::CancelWait);
     assert_reply(ReplyShape::Byte, "01", Reply::Byte(WAIT_CANCELED));
@@ -127,12 +180,18 @@ fn check_wait_cancel() {
 fn num_keys_delete_append() {
     assert_request("07", Request::GetNumKeys);
     assert_reply(ReplyShape::Int, "03 00 00 00 00 00 00 00", Reply::Int(3));
-    assert_request("08 02 00 00 00 00 00 00 00 2f 6b", Request::DeleteKey { key: b"/k" });
+    assert_request(
+        "08 02 00 00 00 00 00 00 00 2f 6b",
+        Request::DeleteKey { key: b"/k" },
+    );
     assert_reply(ReplyShape::Int, "01 00 00 00 00 00 00 00", Reply::Int(1));
     assert_reply(ReplyShape::Int, "00 00 00 00 00 00 00 00", Reply::Int(0));
     assert_request(
         "09 03 00 00 00 00 00 00 00 2f 61 70 02 00 00 00 00 00 00 00 61 62",
-        Request::Append { key: b"/ap", value: b"ab" },
+        Request::Append {
+            key: b"/ap",
+            value: b"ab",
+        },
     );
 }
 
@@ -167,24 +226,42 @@ fn multi_get_multi_set_list_keys() {
 fn queues_and_barrier() {
     assert_request(
         "0e 02 00 00 00 00 00 00 00 2f 71 05 00 00 00 00 00 00 00 69 74 65 6d 31",
-        Request::QueuePush { key: b"/q", value: b"item1" },
+        Request::QueuePush {
+            key: b"/q",
+            value: b"item1",
+        },
     );
-    assert_request("10 02 00 00 00 00 00 00 00 2f 71", Request::QueueLen { key: b"/q" });
+    assert_request(
+        "10 02 00 00 00 00 00 00 00 2f 71",
+        Request::QueueLen { key: b"/q" },
+    );
     assert_reply(ReplyShape::Int, "01 00 00 00 00 00 00 00", Reply::Int(1));
-    assert_request("0f 02 00 00 00 00 00 00 00 2f 71", Request::QueuePop { key: b"/q" });
+    assert_request(
+        "0f 02 00 00 00 00 00 00 00 2f 71",
+        Request::QueuePop { key: b"/q" },
+    );
     assert_reply(
         ReplyShape::QueueItem,
         "01 00 00 00 00 00 00 00 05 00 00 00 00 00 00 00 69 74 65 6d 31",
-        Reply::QueueItem { len_before: 1, value: Some(b"item1") },
+        Reply::QueueItem {
+            len_before: 1,
+            value: Some(b"item1"),
+        },
     );
     assert_reply(
         ReplyShape::QueueItem,
         "00 00 00 00 00 00 00 00",
-        Reply::QueueItem { len_before: 0, value: None },
+        Reply::QueueItem {
+            len_before: 0,
+            value: None,
+        },
     );
     assert_request(
         "12 04 00 00 00 00 00 00 00 2f 62 61 72 01 00 00 00 00 00 00 00",
-        Request::Barrier { key: b"/bar", world_size: 1 },
+        Request::Barrier {
+            key: b"/bar",
+            world_size: 1,
+        },
     );
 }
 
@@ -192,16 +269,25 @@ fn queues_and_barrier() {
 fn extensions() {
     assert_request(
         "f0 02 00 00 00 00 00 00 00 2f 61 01 00 00 00 00 00 00 00 31",
-        Request::SetSession { key: b"/a", value: b"1" },
+        Request::SetSession {
+            key: b"/a",
+            value: b"1",
+        },
     );
     assert_request(
         "f1 01 03 00 00 00 00 00 00 00 2f 72 2f",
-        Request::Watch { mode: WatchMode::Prefix, pattern: b"/r/" },
+        Request::Watch {
+            mode: WatchMode::Prefix,
+            pattern: b"/r/",
+        },
     );
     assert_reply(
         ReplyShape::Event,
         "02 03 00 00 00 00 00 00 00 2f 72 2f",
-        Reply::Event { kind: EventKind::Deleted, key: b"/r/" },
+        Reply::Event {
+            kind: EventKind::Deleted,
+            key: b"/r/",
+        },
     );
     assert_eq!(
         RequestDecoder::new(MAX).decode(&hex("f1 02 00 00 00 00 00 00 00 00")),
@@ -211,7 +297,10 @@ fn extensions() {
 
 #[test]
 fn empty_lists() {
-    assert_request("05 00 00 00 00 00 00 00 00", Request::Check { keys: vec![] });
+    assert_request(
+        "05 00 00 00 00 00 00 00 00",
+        Request::Check { keys: vec![] },
+    );
     assert_request("06 00 00 00 00 00 00 00 00", Request::Wait { keys: vec![] });
     assert_reply(ReplyShape::Values(0), "", Reply::Values(vec![]));
 }
@@ -226,13 +315,22 @@ fn pipelined_requests_decode_one_at_a_time() {
         seen.push(request.query());
         at += n;
     }
-    assert_eq!(seen, [Query::GetNumKeys, Query::CancelWait, Query::ListKeys]);
+    assert_eq!(
+        seen,
+        [Query::GetNumKeys, Query::CancelWait, Query::ListKeys]
+    );
 }
 
 #[test]
 fn unknown_query_is_refused() {
-    assert_eq!(RequestDecoder::new(MAX).decode(&[0x7f]), Err(FrameError::UnknownQuery(0x7f)));
-    assert_eq!(RequestDecoder::new(MAX).decode(&[0x13]), Err(FrameError::UnknownQuery(0x13)));
+    assert_eq!(
+        RequestDecoder::new(MAX).decode(&[0x7f]),
+        Err(FrameError::UnknownQuery(0x7f))
+    );
+    assert_eq!(
+        RequestDecoder::new(MAX).decode(&[0x13]),
+        Err(FrameError::UnknownQuery(0x13))
+    );
 }
 
 #[test]
@@ -254,15 +352,28 @@ fn lengths_over_the_limit_are_refused_before_the_bytes_arrive() {
     assert!(RequestDecoder::new(MAX).decode(&pairs).is_err());
     // A frame exactly at the limit passes, one byte more does not.
     let mut set = Vec::new();
-    Request::Set { key: b"k", value: &[7; 100] }.encode(&mut set);
-    assert!(RequestDecoder::new(set.len()).decode(&set).unwrap().is_some());
+    Request::Set {
+        key: b"k",
+        value: &[7; 100],
+    }
+    .encode(&mut set);
+    assert!(RequestDecoder::new(set.len())
+        .decode(&set)
+        .unwrap()
+        .is_some());
     assert_eq!(
         RequestDecoder::new(set.len() - 1).decode(&set),
-        Err(FrameError::TooLarge { limit: set.len() - 1 })
+        Err(FrameError::TooLarge {
+            limit: set.len() - 1
+        })
     );
     let reply = hex("ff ff ff ff ff ff ff 7f");
-    assert!(ReplyDecoder::new(ReplyShape::Keys, MAX).decode(&reply).is_err());
-    assert!(ReplyDecoder::new(ReplyShape::Values(u64::MAX), MAX).decode(&[]).is_err());
+    assert!(ReplyDecoder::new(ReplyShape::Keys, MAX)
+        .decode(&reply)
+        .is_err());
+    assert!(ReplyDecoder::new(ReplyShape::Values(u64::MAX), MAX)
+        .decode(&[])
+        .is_err());
 }
 
 /// Small deterministic generator (SplitMix64), so the fuzz cases are reproducible.
@@ -310,7 +421,10 @@ pub(crate) fn random_frame(rng: &mut Rng) -> Vec<u8> {
 
 /// Number of random cases; `MUSTER_FUZZ_CASES=1000000 cargo test --lib store` runs longer.
 pub(crate) fn fuzz_cases(default: u64) -> u64 {
-    std::env::var("MUSTER_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var("MUSTER_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 #[test]
@@ -319,7 +433,7 @@ fn random_input_never_panics_and_splitting_changes_nothing() {
     for _ in 0..fuzz_cases(20_000) {
         let frame = random_frame(&mut rng);
         let max = if rng.below(2) == 0 { 64 } else { MAX };
-        let whole = RequestDecoder::new(max).decode(&frame).map(|r| r.map(|(q, n)| (q, n)));
+        let whole = RequestDecoder::new(max).decode(&frame);
         // Feeding the same bytes in random pieces must give the same answer.
         let mut decoder = RequestDecoder::new(max);
         let mut end = 0;

@@ -9,15 +9,17 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 use super::*;
-use crate::store::tcp::frame::WatchMode;
 use crate::store::tcp::frame::tests::{fuzz_cases, random_frame, Rng};
+use crate::store::tcp::frame::WatchMode;
 use crate::store::tcp::{Client, WatchEvent, WatchEventKind, WatchTarget};
 
 const TIMEOUT: Duration = Duration::from_secs(5);
 const VALIDATE: [u8; 5] = [0x00, 0xce, 0xf7, 0x85, 0x3c];
 
 async fn start(config: ServerConfig) -> Server {
-    Server::bind((Ipv4Addr::LOCALHOST, 0).into(), config).await.unwrap()
+    Server::bind((Ipv4Addr::LOCALHOST, 0).into(), config)
+        .await
+        .unwrap()
 }
 
 async fn client(server: &Server) -> Client {
@@ -36,7 +38,10 @@ async fn request(stream: &mut TcpStream, request: Request<'_>, reply_len: usize)
     request.encode(&mut wire);
     stream.write_all(&wire).await.unwrap();
     let mut reply = vec![0; reply_len];
-    tokio::time::timeout(TIMEOUT, stream.read_exact(&mut reply)).await.unwrap().unwrap();
+    tokio::time::timeout(TIMEOUT, stream.read_exact(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
     reply
 }
 
@@ -72,14 +77,20 @@ async fn every_operation_through_the_client() {
     assert!(!c.delete_key("k").await.unwrap());
     c.append("ap", b"ab").await.unwrap();
     c.append("ap", b"cd").await.unwrap();
-    assert_eq!(c.multi_get(&["ap", "cnt"]).await.unwrap(), [b"abcd".to_vec(), b"3".to_vec()]);
+    assert_eq!(
+        c.multi_get(&["ap", "cnt"]).await.unwrap(),
+        [b"abcd".to_vec(), b"3".to_vec()]
+    );
     c.multi_set(&[("m1", b"x"), ("m2", b"yy")]).await.unwrap();
     let mut keys = c.list_keys().await.unwrap();
     keys.sort();
     assert_eq!(keys, ["ap", "cnt", "m1", "m2", "new"]);
     c.queue_push("q", b"item1").await.unwrap();
     assert_eq!(c.queue_len("q").await.unwrap(), 1);
-    assert_eq!(c.queue_pop("q", false).await.unwrap().as_deref(), Some(&b"item1"[..]));
+    assert_eq!(
+        c.queue_pop("q", false).await.unwrap().as_deref(),
+        Some(&b"item1"[..])
+    );
     assert_eq!(c.queue_pop("q", false).await.unwrap(), None);
     c.barrier("bar", 1, TIMEOUT).await.unwrap();
     c.ping().await.unwrap();
@@ -91,7 +102,10 @@ async fn waits_time_out_cleanly_and_are_woken_by_other_clients() {
     let server = start(ServerConfig::default()).await;
     let mut a = client(&server).await;
     let started = Instant::now();
-    let err = a.wait(&["nope"], Duration::from_millis(200)).await.unwrap_err();
+    let err = a
+        .wait(&["nope"], Duration::from_millis(200))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::WaitTimeout { .. }), "{err}");
     assert!(started.elapsed() >= Duration::from_millis(200));
     // The connection is still in step after CANCEL_WAIT.
@@ -127,7 +141,10 @@ async fn barrier_and_blocking_queue_pop_release_other_clients() {
     // The count is never reset: a third arrival passes at once.
     b.barrier("b", 2, TIMEOUT).await.unwrap();
     assert_eq!(b.get("b").await.unwrap(), b"3");
-    let err = b.barrier("solo", 2, Duration::from_millis(100)).await.unwrap_err();
+    let err = b
+        .barrier("solo", 2, Duration::from_millis(100))
+        .await
+        .unwrap_err();
     assert!(matches!(err, StoreError::WaitTimeout { .. }), "{err}");
 }
 
@@ -153,24 +170,81 @@ async fn torch_edge_cases_byte_for_byte() {
     let server = start(ServerConfig::default()).await;
     let mut s = raw(&server).await;
     // libuv: a missing key reads as empty, also inside MULTI_GET.
-    assert_eq!(request(&mut s, Request::Get { key: b"/missing" }, 8).await, [0; 8]);
-    request(&mut s, Request::Set { key: b"/mg1", value: b"a" }, 0).await;
-    let reply = request(&mut s, Request::MultiGet { keys: vec![b"/mg1", b"/missing"] }, 17).await;
-    assert_eq!(reply, [1, 0, 0, 0, 0, 0, 0, 0, b'a', 0, 0, 0, 0, 0, 0, 0, 0]);
-    assert_eq!(request(&mut s, Request::Wait { keys: vec![] }, 1).await, [0]);
-    assert_eq!(request(&mut s, Request::Check { keys: vec![] }, 1).await, [0]);
+    assert_eq!(
+        request(&mut s, Request::Get { key: b"/missing" }, 8).await,
+        [0; 8]
+    );
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/mg1",
+            value: b"a",
+        },
+        0,
+    )
+    .await;
+    let reply = request(
+        &mut s,
+        Request::MultiGet {
+            keys: vec![b"/mg1", b"/missing"],
+        },
+        17,
+    )
+    .await;
+    assert_eq!(
+        reply,
+        [1, 0, 0, 0, 0, 0, 0, 0, b'a', 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+    assert_eq!(
+        request(&mut s, Request::Wait { keys: vec![] }, 1).await,
+        [0]
+    );
+    assert_eq!(
+        request(&mut s, Request::Check { keys: vec![] }, 1).await,
+        [0]
+    );
     assert_eq!(request(&mut s, Request::CancelWait, 1).await, [1]);
     // A pending WAIT does not stop other requests on the same connection.
     request(&mut s, Request::Wait { keys: vec![b"/w"] }, 0).await;
-    assert_eq!(request(&mut s, Request::GetNumKeys, 8).await, [1, 0, 0, 0, 0, 0, 0, 0]);
+    assert_eq!(
+        request(&mut s, Request::GetNumKeys, 8).await,
+        [1, 0, 0, 0, 0, 0, 0, 0]
+    );
     let mut other = raw(&server).await;
-    request(&mut other, Request::Set { key: b"/w", value: b"" }, 0).await;
+    request(
+        &mut other,
+        Request::Set {
+            key: b"/w",
+            value: b"",
+        },
+        0,
+    )
+    .await;
     let mut woken = [0; 1];
     s.read_exact(&mut woken).await.unwrap();
     assert_eq!(woken, [0]);
     // ADD parses like std::stoll.
-    request(&mut s, Request::Set { key: b"/n", value: b" 12xyz" }, 0).await;
-    assert_eq!(request(&mut s, Request::Add { key: b"/n", delta: 1 }, 8).await, [13, 0, 0, 0, 0, 0, 0, 0]);
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/n",
+            value: b" 12xyz",
+        },
+        0,
+    )
+    .await;
+    assert_eq!(
+        request(
+            &mut s,
+            Request::Add {
+                key: b"/n",
+                delta: 1
+            },
+            8
+        )
+        .await,
+        [13, 0, 0, 0, 0, 0, 0, 0]
+    );
     // Requests split byte by byte and pipelined requests both work.
     let mut wire = Vec::new();
     Request::Ping { nonce: 7 }.encode(&mut wire);
@@ -182,8 +256,24 @@ async fn torch_edge_cases_byte_for_byte() {
     s.read_exact(&mut pongs).await.unwrap();
     assert_eq!(pongs, [7, 0, 0, 0, 8, 0, 0, 0]);
     // Errors close the connection, as in torch.
-    request(&mut s, Request::Set { key: b"/abc", value: b"abc" }, 0).await;
-    request(&mut s, Request::Add { key: b"/abc", delta: 1 }, 0).await;
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/abc",
+            value: b"abc",
+        },
+        0,
+    )
+    .await;
+    request(
+        &mut s,
+        Request::Add {
+            key: b"/abc",
+            delta: 1,
+        },
+        0,
+    )
+    .await;
     assert!(closed(&mut s).await);
     for bad in [&[0x7f][..], &VALIDATE] {
         let mut s = raw(&server).await;
@@ -205,22 +295,34 @@ async fn handshake_is_required() {
     s.write_all(&VALIDATE[..1]).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     s.write_all(&VALIDATE[1..]).await.unwrap();
-    assert_eq!(request(&mut s, Request::Ping { nonce: 9 }, 4).await, [9, 0, 0, 0]);
+    assert_eq!(
+        request(&mut s, Request::Ping { nonce: 9 }, 4).await,
+        [9, 0, 0, 0]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_frames_and_stuck_clients_do_not_affect_others() {
-    let server = start(ServerConfig { max_frame_bytes: 1024, ..ServerConfig::default() }).await;
+    let server = start(ServerConfig {
+        max_frame_bytes: 1024,
+        ..ServerConfig::default()
+    })
+    .await;
     let mut good = client(&server).await;
     // A SET declaring a value over the limit is refused from its header.
     let mut big = raw(&server).await;
-    big.write_all(&[0x01, 1, 0, 0, 0, 0, 0, 0, 0, b'k', 0, 4, 0, 0, 0, 0, 0, 0]).await.unwrap();
+    big.write_all(&[0x01, 1, 0, 0, 0, 0, 0, 0, 0, b'k', 0, 4, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
     assert!(closed(&mut big).await);
     // A reply over the limit is refused too.
     good.set("v", &[1; 600]).await.unwrap();
     let mut greedy = raw(&server).await;
     let mut wire = Vec::new();
-    Request::MultiGet { keys: vec![b"/v", b"/v"] }.encode(&mut wire);
+    Request::MultiGet {
+        keys: vec![b"/v", b"/v"],
+    }
+    .encode(&mut wire);
     greedy.write_all(&wire).await.unwrap();
     assert!(closed(&mut greedy).await);
     // Half a frame, then silence; and a client that never reads its replies.
@@ -246,7 +348,11 @@ async fn oversized_frames_and_stuck_clients_do_not_affect_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_limit_are_closed() {
-    let server = start(ServerConfig { max_connections: 2, ..ServerConfig::default() }).await;
+    let server = start(ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    })
+    .await;
     let mut a = client(&server).await;
     let _b = client(&server).await;
     let mut third = raw(&server).await;
@@ -260,7 +366,11 @@ async fn connections_over_the_limit_are_closed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_input_never_stops_the_server() {
-    let server = start(ServerConfig { max_frame_bytes: 4096, ..ServerConfig::default() }).await;
+    let server = start(ServerConfig {
+        max_frame_bytes: 4096,
+        ..ServerConfig::default()
+    })
+    .await;
     let mut rng = Rng::new(0xf022);
     let cases = fuzz_cases(300);
     for case in 0..cases {
@@ -289,9 +399,25 @@ async fn random_input_never_stops_the_server() {
 async fn watch_connection_refuses_requests_with_replies() {
     let server = start(ServerConfig::default()).await;
     let mut s = raw(&server).await;
-    let reply = request(&mut s, Request::Watch { mode: WatchMode::Key, pattern: b"/a" }, 11).await;
+    let reply = request(
+        &mut s,
+        Request::Watch {
+            mode: WatchMode::Key,
+            pattern: b"/a",
+        },
+        11,
+    )
+    .await;
     assert_eq!(reply, [0, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
-    request(&mut s, Request::Set { key: b"/a", value: b"1" }, 0).await;
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/a",
+            value: b"1",
+        },
+        0,
+    )
+    .await;
     let mut event = [0; 11];
     s.read_exact(&mut event).await.unwrap();
     assert_eq!(event, [1, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
@@ -302,8 +428,15 @@ async fn watch_connection_refuses_requests_with_replies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_keys_vanish_with_their_connection_and_watchers_hear_it() {
     let server = start(ServerConfig::default()).await;
-    let mut watcher = client(&server).await.watch(WatchTarget::Prefix("agents/".into())).await.unwrap();
-    watcher.watch(WatchTarget::Key("plain".into())).await.unwrap();
+    let mut watcher = client(&server)
+        .await
+        .watch(WatchTarget::Prefix("agents/".into()))
+        .await
+        .unwrap();
+    watcher
+        .watch(WatchTarget::Key("plain".into()))
+        .await
+        .unwrap();
     let mut agent = client(&server).await;
     agent.set_session("agents/1", b"alive").await.unwrap();
     agent.set_session("agents/2", b"alive").await.unwrap();
@@ -314,21 +447,48 @@ async fn session_keys_vanish_with_their_connection_and_watchers_hear_it() {
     agent.set("plain", b"now ordinary").await.unwrap();
     let mut other = client(&server).await;
     assert_eq!(other.get("agents/1").await.unwrap(), b"alive");
-    let written = |key: &str| Some(WatchEvent { kind: WatchEventKind::Written, key: key.into() });
-    let deleted = |key: &str| Some(WatchEvent { kind: WatchEventKind::Deleted, key: key.into() });
+    let written = |key: &str| {
+        Some(WatchEvent {
+            kind: WatchEventKind::Written,
+            key: key.into(),
+        })
+    };
+    let deleted = |key: &str| {
+        Some(WatchEvent {
+            kind: WatchEventKind::Deleted,
+            key: key.into(),
+        })
+    };
     let mut seen = Vec::new();
-    while let Some(event) = watcher.next_event(Duration::from_millis(200)).await.unwrap() {
+    while let Some(event) = watcher
+        .next_event(Duration::from_millis(200))
+        .await
+        .unwrap()
+    {
         seen.push(Some(event));
     }
     // The first agent's connection was closed by the server (ADD on "alive"): its keys went.
     assert_eq!(
         seen,
-        [written("agents/1"), written("agents/2"), deleted("agents/1"), deleted("agents/2"),
-            written("agents/1"), written("plain"), written("plain")]
+        [
+            written("agents/1"),
+            written("agents/2"),
+            deleted("agents/1"),
+            deleted("agents/2"),
+            written("agents/1"),
+            written("plain"),
+            written("plain")
+        ]
     );
     let closed_at = Instant::now();
     drop(agent);
-    assert_eq!(watcher.next_event(Duration::from_millis(100)).await.unwrap(), deleted("agents/1"));
+    assert_eq!(
+        watcher
+            .next_event(Duration::from_millis(100))
+            .await
+            .unwrap(),
+        deleted("agents/1")
+    );
     assert!(closed_at.elapsed() < Duration::from_millis(100));
     assert!(!other.check(&["agents/1"]).await.unwrap());
     assert!(other.check(&["plain"]).await.unwrap());
@@ -341,10 +501,14 @@ const HOLDER_ADDR: &str = "MUSTER_TEST_SESSION_HOLDER_ADDR";
 /// `HOLDER_ADDR` set), which holds a session key until it is SIGKILLed.
 #[test]
 fn session_holder_process() {
-    let Ok(addr) = std::env::var(HOLDER_ADDR) else { return };
+    let Ok(addr) = std::env::var(HOLDER_ADDR) else {
+        return;
+    };
     let runtime = tokio::runtime::Runtime::new().unwrap();
     runtime.block_on(async {
-        let mut c = Client::connect(addr.parse().unwrap(), TIMEOUT).await.unwrap();
+        let mut c = Client::connect(addr.parse().unwrap(), TIMEOUT)
+            .await
+            .unwrap();
         c.set_session("agents/child", b"alive").await.unwrap();
         c.ping().await.unwrap();
         println!("holder ready");
@@ -355,16 +519,28 @@ fn session_holder_process() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn session_key_of_a_killed_process_vanishes() {
     let server = start(ServerConfig::default()).await;
-    let mut watcher = client(&server).await.watch(WatchTarget::Key("agents/child".into())).await.unwrap();
+    let mut watcher = client(&server)
+        .await
+        .watch(WatchTarget::Key("agents/child".into()))
+        .await
+        .unwrap();
     let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "store::tcp::server::tests::session_holder_process", "--nocapture"])
+        .args([
+            "--exact",
+            "store::tcp::server::tests::session_holder_process",
+            "--nocapture",
+        ])
         .env(HOLDER_ADDR, server.local_addr().to_string())
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while let Some(line) = tokio::time::timeout(TIMEOUT, lines.next_line()).await.unwrap().unwrap() {
+    while let Some(line) = tokio::time::timeout(TIMEOUT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+    {
         if line.contains("holder ready") {
             break;
         }
@@ -374,18 +550,31 @@ async fn session_key_of_a_killed_process_vanishes() {
     let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
     let killed_at = Instant::now();
-    let event = watcher.next_event(Duration::from_millis(100)).await.unwrap();
-    assert_eq!(event, Some(WatchEvent { kind: WatchEventKind::Deleted, key: "agents/child".into() }));
+    let event = watcher
+        .next_event(Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(
+        event,
+        Some(WatchEvent {
+            kind: WatchEventKind::Deleted,
+            key: "agents/child".into()
+        })
+    );
     assert!(killed_at.elapsed() < Duration::from_millis(100));
     child.wait().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unspecified_address_listens_dual_stack() {
-    let server = Server::bind((Ipv4Addr::UNSPECIFIED, 0).into(), ServerConfig::default()).await.unwrap();
+    let server = Server::bind((Ipv4Addr::UNSPECIFIED, 0).into(), ServerConfig::default())
+        .await
+        .unwrap();
     assert_eq!(server.local_addr().ip(), Ipv6Addr::UNSPECIFIED);
     for ip in [Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()] {
-        let mut c = Client::connect(SocketAddr::new(ip, server.port()), TIMEOUT).await.unwrap();
+        let mut c = Client::connect(SocketAddr::new(ip, server.port()), TIMEOUT)
+            .await
+            .unwrap();
         c.ping().await.unwrap();
     }
     server.shutdown().await;
