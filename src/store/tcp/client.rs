@@ -10,6 +10,7 @@
 use std::collections::hash_map::RandomState;
 use std::collections::VecDeque;
 use std::hash::BuildHasher;
+use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -417,11 +418,7 @@ impl Client {
         self.output.clear();
         match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(source)) => Err(self.fail(StoreError::Io {
-                addr: self.addr,
-                op,
-                source,
-            })),
+            Ok(Err(source)) => Err(self.io_error(op, source)),
             Err(_) => Err(self.fail(StoreError::Timeout {
                 addr: self.addr,
                 op,
@@ -487,16 +484,21 @@ impl Client {
                     }))
                 }
                 Ok(Ok(_)) => {}
-                Ok(Err(source)) => {
-                    return Err(self.fail(StoreError::Io {
-                        addr: self.addr,
-                        op,
-                        source,
-                    }))
-                }
+                Ok(Err(source)) => return Err(self.io_error(op, source)),
                 Err(_) => return Ok(None),
             }
         }
+    }
+
+    /// A reset is how torch's legacy server refuses a request; report it as a close.
+    fn io_error(&mut self, op: &'static str, source: io::Error) -> StoreError {
+        let addr = self.addr;
+        self.fail(match source.kind() {
+            io::ErrorKind::ConnectionReset
+            | io::ErrorKind::ConnectionAborted
+            | io::ErrorKind::BrokenPipe => StoreError::Closed { addr, op },
+            _ => StoreError::Io { addr, op, source },
+        })
     }
 
     fn fail(&mut self, error: StoreError) -> StoreError {
