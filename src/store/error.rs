@@ -1,0 +1,77 @@
+//! The store's error type: what failed, where, and what to do about it.
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use thiserror::Error;
+
+use super::tcp::frame::FrameError;
+
+#[derive(Debug, Error)]
+pub enum StoreError {
+    #[error("cannot listen on {addr}: {source}; free the port or pick another one")]
+    Bind { addr: SocketAddr, source: io::Error },
+
+    #[error("cannot resolve store address {host:?}: {source}; check the host name")]
+    Resolve { host: String, source: io::Error },
+
+    #[error(
+        "could not reach the store at {addr} within {timeout:?} (last error: {last}); \
+         check that the store is running and the address and port are right"
+    )]
+    Connect {
+        addr: SocketAddr,
+        timeout: Duration,
+        last: String,
+    },
+
+    #[error("the store at {addr} answered PING with {got:#x} instead of {expected:#x}; is it a TCPStore?")]
+    Handshake {
+        addr: SocketAddr,
+        expected: u32,
+        got: u32,
+    },
+
+    #[error(
+        "no reply to {op} from the store at {addr} within {timeout:?}; the connection is \
+         dropped, reconnect (and raise the timeout if the store is merely busy)"
+    )]
+    Timeout {
+        addr: SocketAddr,
+        op: &'static str,
+        timeout: Duration,
+    },
+
+    #[error("{op} timed out after {timeout:?} at the store at {addr} (keys: {keys})")]
+    WaitTimeout {
+        addr: SocketAddr,
+        op: &'static str,
+        timeout: Duration,
+        keys: String,
+    },
+
+    #[error(
+        "the store at {addr} closed the connection during {op}; it refused the request \
+         (torch servers close on unsupported operations, e.g. queues on the legacy server, \
+         and on non-numeric values for add) or it shut down"
+    )]
+    Closed { addr: SocketAddr, op: &'static str },
+
+    #[error("connection to the store at {addr} failed during {op}: {source}")]
+    Io {
+        addr: SocketAddr,
+        op: &'static str,
+        source: io::Error,
+    },
+
+    #[error("malformed reply to {op} from the store at {addr}: {source}; is it a TCPStore?")]
+    Protocol {
+        addr: SocketAddr,
+        op: &'static str,
+        source: FrameError,
+    },
+
+    #[error("the connection to the store at {addr} is unusable after an earlier error; reconnect")]
+    Broken { addr: SocketAddr },
+}

@@ -1,0 +1,9 @@
+//! torch's TCPStore protocol: wire frames, the server (muster's embedded store) and the client.
+
+pub mod client;
+pub mod frame;
+pub mod server;
+mod state;
+
+pub use client::{Client, WatchEvent, WatchEventKind, WatchTarget, Watcher};
+pub use server::{Server, ServerConfig};

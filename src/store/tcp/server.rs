@@ -1,0 +1,326 @@
+//! The store server: torch's TCPStore protocol over tokio, serving torch's own clients byte for
+//! byte and muster's extensions (see [`super::frame`]).
+//!
+//! One task per connection reads, decodes and applies requests to the shared [`State`] (one
+//! short critical section per request, never across I/O) and writes what the state queued for
+//! it, so a slow or stuck client holds up nobody but itself.
+
+use std::fmt;
+use std::io;
+use std::net::{Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::task::{JoinHandle, JoinSet};
+use tracing::{debug, info, warn};
+
+use super::frame::{FrameError, Query, Request, RequestDecoder, VALIDATE_MAGIC};
+use super::state::{ConnId, Overflowed, Refusal, State};
+use crate::store::StoreError;
+
+/// Server limits.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest request or reply in bytes; a client exceeding it is disconnected. (torch's libuv
+    /// server closes on keys over 8 KiB and values over 8 MiB; its legacy server has no limit.)
+    pub max_frame_bytes: usize,
+    /// Connections served at once; further ones are accepted and closed at once.
+    pub max_connections: usize,
+    /// TCP keepalive idle time (then probes at that interval, 3 tries) on accepted sockets, so
+    /// the session keys of a host that vanished without closing its connections end too.
+    pub keepalive: Option<Duration>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> ServerConfig {
+        ServerConfig {
+            max_frame_bytes: 64 << 20,
+            max_connections: 16384,
+            keepalive: Some(Duration::from_secs(10)),
+        }
+    }
+}
+
+/// A running store server; dropping it (or [`Server::shutdown`]) stops it.
+pub struct Server {
+    local_addr: SocketAddr,
+    state: Arc<Mutex<State>>,
+    stop: watch::Sender<bool>,
+    accept_task: Option<JoinHandle<()>>,
+}
+
+/// Read size; also the output size past which replies are flushed before decoding more.
+const CHUNK: usize = 64 << 10;
+/// The kernel clamps the backlog to `net.core.somaxconn`, as torch's `listen(fd, -1)` does.
+const BACKLOG: i32 = 65535;
+
+impl Server {
+    /// Binds `addr` and serves in background tasks. An unspecified address (`0.0.0.0`, `[::]`)
+    /// binds dual-stack `[::]` like torch, falling back to `0.0.0.0` where IPv6 is off.
+    pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Server, StoreError> {
+        let listener = listen(addr)?;
+        let local_addr = listener
+            .local_addr()
+            .map_err(|source| StoreError::Bind { addr, source })?;
+        let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes)));
+        let (stop, stopped) = watch::channel(false);
+        let accept_task = tokio::spawn(accept_loop(listener, state.clone(), config, stopped));
+        info!(%local_addr, "store listening");
+        Ok(Server {
+            local_addr,
+            state,
+            stop,
+            accept_task: Some(accept_task),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.local_addr.port()
+    }
+
+    /// Deletes every key and queue, e.g. before workers (re)start: torch's agent store keeps
+    /// stale keys across restarts (pytorch issue #135712). Pending waits stay pending.
+    pub async fn clear(&self) {
+        lock(&self.state).clear();
+    }
+
+    /// Stops accepting, closes every connection and waits for their tasks to end.
+    pub async fn shutdown(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.accept_task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl fmt::Debug for Server {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Server")
+            .field("local_addr", &self.local_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+fn listen(addr: SocketAddr) -> Result<TcpListener, StoreError> {
+    if !addr.ip().is_unspecified() {
+        return listen_on(addr, false);
+    }
+    let dual = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), addr.port());
+    listen_on(dual, true).or_else(|err| {
+        debug!("dual-stack listen failed ({err}); trying IPv4 only");
+        listen_on(SocketAddr::new([0, 0, 0, 0].into(), addr.port()), false)
+    })
+}
+
+fn listen_on(addr: SocketAddr, dual_stack: bool) -> Result<TcpListener, StoreError> {
+    let bind = || -> io::Result<TcpListener> {
+        let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+        socket.set_reuse_address(true)?;
+        if dual_stack {
+            socket.set_only_v6(false)?;
+        }
+        socket.bind(&addr.into())?;
+        socket.listen(BACKLOG)?;
+        socket.set_nonblocking(true)?;
+        TcpListener::from_std(socket.into())
+    };
+    bind().map_err(|source| StoreError::Bind { addr, source })
+}
+
+fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
+    // State methods do not panic; should one ever, its data is still consistent per request.
+    state.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    state: Arc<Mutex<State>>,
+    config: ServerConfig,
+    mut stop: watch::Receiver<bool>,
+) {
+    let slots = Arc::new(Semaphore::new(config.max_connections));
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = stop.changed() => break,
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let Ok(slot) = slots.clone().try_acquire_owned() else {
+                        warn!(%peer, max_connections = config.max_connections,
+                            "store refused a connection: too many open");
+                        continue;
+                    };
+                    tune(&stream, config.keepalive);
+                    let wake = Arc::new(Notify::new());
+                    let conn = Connection {
+                        stream,
+                        peer,
+                        state: state.clone(),
+                        id: lock(&state).connect(wake.clone()),
+                        wake,
+                        max_frame: config.max_frame_bytes,
+                        stop: stop.clone(),
+                    };
+                    connections.spawn(conn.serve(slot));
+                }
+                Err(err) => {
+                    // E.g. EMFILE: back off instead of spinning; established clients go on.
+                    warn!("store accept failed: {err}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+}
+
+fn tune(stream: &TcpStream, keepalive: Option<Duration>) {
+    let result = stream.set_nodelay(true).and_then(|()| match keepalive {
+        Some(idle) => SockRef::from(stream).set_tcp_keepalive(
+            &TcpKeepalive::new()
+                .with_time(idle)
+                .with_interval(idle)
+                .with_retries(3),
+        ),
+        None => Ok(()),
+    });
+    if let Err(err) = result {
+        debug!("store could not set socket options: {err}");
+    }
+}
+
+/// Why the server closed a connection.
+#[derive(Debug, Error)]
+enum Closed {
+    #[error("{0}")]
+    Frame(#[from] FrameError),
+    #[error("{0}")]
+    Refused(#[from] Refusal),
+    #[error("first request is {0:?}, not VALIDATE (not a torch TCPStore client)")]
+    NotValidated(Query),
+    #[error("VALIDATE with wrong magic {0:#x} (not a torch >= 2.2 TCPStore client)")]
+    BadMagic(u32),
+    #[error("it stopped reading its watch events")]
+    Overflowed,
+    #[error("{0}")]
+    Io(#[from] io::Error),
+}
+
+impl From<Overflowed> for Closed {
+    fn from(_: Overflowed) -> Closed {
+        Closed::Overflowed
+    }
+}
+
+struct Connection {
+    stream: TcpStream,
+    peer: SocketAddr,
+    state: Arc<Mutex<State>>,
+    id: ConnId,
+    /// Signalled when other connections queue bytes (wake-ups, events) for this one.
+    wake: Arc<Notify>,
+    max_frame: usize,
+    stop: watch::Receiver<bool>,
+}
+
+impl Connection {
+    async fn serve(mut self, _slot: OwnedSemaphorePermit) {
+        let result = self.run().await;
+        lock(&self.state).disconnect(self.id);
+        let peer = self.peer;
+        match result {
+            Ok(()) => debug!(%peer, "store connection ended"),
+            Err(Closed::Io(err)) => debug!(%peer, "store connection failed: {err}"),
+            Err(why) => warn!(%peer, "store closed the connection: {why}"),
+        }
+    }
+
+    /// Serves until the client leaves (`Ok`), the server stops (`Ok`) or an error.
+    async fn run(&mut self) -> Result<(), Closed> {
+        let mut input = Vec::with_capacity(CHUNK);
+        let mut output = Vec::new();
+        let mut decoder = RequestDecoder::new(self.max_frame);
+        let mut validated = false;
+        loop {
+            let backlog = self.process(&mut input, &mut decoder, &mut validated)?;
+            lock(&self.state).take_output(self.id, &mut output)?;
+            if !output.is_empty() {
+                tokio::select! {
+                    written = self.stream.write_all(&output) => written?,
+                    _ = self.stop.changed() => return Ok(()),
+                }
+                output.clear();
+                if output.capacity() > 4 * CHUNK {
+                    output = Vec::new();
+                }
+            }
+            if backlog {
+                continue;
+            }
+            if input.is_empty() && input.capacity() > 4 * CHUNK {
+                input = Vec::with_capacity(CHUNK);
+            }
+            input.reserve(CHUNK);
+            tokio::select! {
+                read = self.stream.read_buf(&mut input) => if read? == 0 { return Ok(()) },
+                () = self.wake.notified() => {}
+                _ = self.stop.changed() => return Ok(()),
+            }
+        }
+    }
+
+    /// Applies the complete requests in `input` and drops them from it. Returns true when it
+    /// stopped early because enough output is queued to flush first.
+    fn process(
+        &mut self,
+        input: &mut Vec<u8>,
+        decoder: &mut RequestDecoder,
+        validated: &mut bool,
+    ) -> Result<bool, Closed> {
+        let mut consumed = 0;
+        let mut backlog = false;
+        while let Some((request, n)) = decoder.decode(&input[consumed..])? {
+            consumed += n;
+            // Strict like torch's legacy server; libuv lets a client skip VALIDATE, an
+            // artifact of its parser (shared/reference/tcpstore.md §1.4).
+            if !*validated {
+                match request {
+                    Request::Validate {
+                        magic: VALIDATE_MAGIC,
+                    } => *validated = true,
+                    Request::Validate { magic } => return Err(Closed::BadMagic(magic)),
+                    other => return Err(Closed::NotValidated(other.query())),
+                }
+                continue;
+            }
+            let mut state = lock(&self.state);
+            state.apply(self.id, request)?;
+            if state.pending_output(self.id) > CHUNK {
+                backlog = true;
+                break;
+            }
+        }
+        input.drain(..consumed);
+        Ok(backlog)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,594 @@
+//! The server driven over real sockets: by muster's client, by raw bytes (torch's edge cases,
+//! `shared/reference/tcpstore.md` §6), by hostile and random input, and by a killed process.
+
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+use super::*;
+use crate::store::tcp::frame::tests::{fuzz_cases, random_frame, Rng};
+use crate::store::tcp::frame::WatchMode;
+use crate::store::tcp::{Client, WatchEvent, WatchEventKind, WatchTarget};
+
+const TIMEOUT: Duration = Duration::from_secs(5);
+const VALIDATE: [u8; 5] = [0x00, 0xce, 0xf7, 0x85, 0x3c];
+
+async fn start(config: ServerConfig) -> Server {
+    Server::bind((Ipv4Addr::LOCALHOST, 0).into(), config)
+        .await
+        .unwrap()
+}
+
+async fn client(server: &Server) -> Client {
+    Client::connect(server.local_addr(), TIMEOUT).await.unwrap()
+}
+
+/// A raw connection that already sent VALIDATE.
+async fn raw(server: &Server) -> TcpStream {
+    let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
+    stream.write_all(&VALIDATE).await.unwrap();
+    stream
+}
+
+async fn request(stream: &mut TcpStream, request: Request<'_>, reply_len: usize) -> Vec<u8> {
+    let mut wire = Vec::new();
+    request.encode(&mut wire);
+    stream.write_all(&wire).await.unwrap();
+    let mut reply = vec![0; reply_len];
+    tokio::time::timeout(TIMEOUT, stream.read_exact(&mut reply))
+        .await
+        .unwrap()
+        .unwrap();
+    reply
+}
+
+/// True when the server closed the connection (EOF or reset) within the timeout.
+async fn closed(stream: &mut TcpStream) -> bool {
+    let mut buf = [0; 64];
+    loop {
+        match tokio::time::timeout(TIMEOUT, stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => return true,
+            Ok(Ok(_)) => continue,
+            Err(_) => return false,
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_operation_through_the_client() {
+    let server = start(ServerConfig::default()).await;
+    let mut c = client(&server).await;
+    c.set("k", b"v1").await.unwrap();
+    assert_eq!(c.get("k").await.unwrap(), b"v1");
+    assert_eq!(c.add("cnt", 5).await.unwrap(), 5);
+    assert_eq!(c.add("cnt", -2).await.unwrap(), 3);
+    assert_eq!(c.get("cnt").await.unwrap(), b"3");
+    assert_eq!(c.compare_set("k", b"v1", b"v2").await.unwrap(), b"v2");
+    assert_eq!(c.compare_set("k", b"zz", b"v3").await.unwrap(), b"v2");
+    assert_eq!(c.compare_set("new", b"", b"n1").await.unwrap(), b"n1");
+    assert_eq!(c.compare_set("missing", b"x", b"y").await.unwrap(), b"x");
+    assert!(c.check(&["k", "cnt"]).await.unwrap());
+    assert!(!c.check(&["k", "nope"]).await.unwrap());
+    assert_eq!(c.num_keys().await.unwrap(), 3);
+    assert!(c.delete_key("k").await.unwrap());
+    assert!(!c.delete_key("k").await.unwrap());
+    c.append("ap", b"ab").await.unwrap();
+    c.append("ap", b"cd").await.unwrap();
+    assert_eq!(
+        c.multi_get(&["ap", "cnt"]).await.unwrap(),
+        [b"abcd".to_vec(), b"3".to_vec()]
+    );
+    c.multi_set(&[("m1", b"x"), ("m2", b"yy")]).await.unwrap();
+    let mut keys = c.list_keys().await.unwrap();
+    keys.sort();
+    assert_eq!(keys, ["ap", "cnt", "m1", "m2", "new"]);
+    c.queue_push("q", b"item1").await.unwrap();
+    assert_eq!(c.queue_len("q").await.unwrap(), 1);
+    assert_eq!(
+        c.queue_pop("q", false).await.unwrap().as_deref(),
+        Some(&b"item1"[..])
+    );
+    assert_eq!(c.queue_pop("q", false).await.unwrap(), None);
+    c.barrier("bar", 1, TIMEOUT).await.unwrap();
+    c.ping().await.unwrap();
+    c.wait(&["ap", "m1"], TIMEOUT).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waits_time_out_cleanly_and_are_woken_by_other_clients() {
+    let server = start(ServerConfig::default()).await;
+    let mut a = client(&server).await;
+    let started = Instant::now();
+    let err = a
+        .wait(&["nope"], Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::WaitTimeout { .. }), "{err}");
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    // The connection is still in step after CANCEL_WAIT.
+    a.set("x", b"1").await.unwrap();
+    assert_eq!(a.get("x").await.unwrap(), b"1");
+
+    let waiter = tokio::spawn(async move {
+        a.wait(&["late", "later"], TIMEOUT).await.unwrap();
+        a.get("later").await.unwrap()
+    });
+    let mut b = client(&server).await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.set("late", b"1").await.unwrap();
+    assert!(!waiter.is_finished());
+    b.add("later", 7).await.unwrap();
+    assert_eq!(waiter.await.unwrap(), b"7");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn barrier_and_blocking_queue_pop_release_other_clients() {
+    let server = start(ServerConfig::default()).await;
+    let (mut a, mut b) = (client(&server).await, client(&server).await);
+    let first = tokio::spawn(async move {
+        a.barrier("b", 2, TIMEOUT).await.unwrap();
+        a.queue_pop("jobs", true).await.unwrap()
+    });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!first.is_finished());
+    b.barrier("b", 2, TIMEOUT).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    b.queue_push("jobs", b"j1").await.unwrap();
+    assert_eq!(first.await.unwrap().as_deref(), Some(&b"j1"[..]));
+    // The count is never reset: a third arrival passes at once.
+    b.barrier("b", 2, TIMEOUT).await.unwrap();
+    assert_eq!(b.get("b").await.unwrap(), b"3");
+    let err = b
+        .barrier("solo", 2, Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::WaitTimeout { .. }), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clear_deletes_keys_and_keeps_pending_waits() {
+    let server = start(ServerConfig::default()).await;
+    let mut a = client(&server).await;
+    a.set("stale", b"1").await.unwrap();
+    a.queue_push("q", b"1").await.unwrap();
+    let mut waiter = client(&server).await;
+    let pending = tokio::spawn(async move { waiter.get("fresh").await.unwrap() });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.clear().await;
+    assert_eq!(a.num_keys().await.unwrap(), 0);
+    assert_eq!(a.queue_len("q").await.unwrap(), 0);
+    assert!(!pending.is_finished());
+    a.set("fresh", b"new").await.unwrap();
+    assert_eq!(pending.await.unwrap(), b"new");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn torch_edge_cases_byte_for_byte() {
+    let server = start(ServerConfig::default()).await;
+    let mut s = raw(&server).await;
+    // libuv: a missing key reads as empty, also inside MULTI_GET.
+    assert_eq!(
+        request(&mut s, Request::Get { key: b"/missing" }, 8).await,
+        [0; 8]
+    );
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/mg1",
+            value: b"a",
+        },
+        0,
+    )
+    .await;
+    let reply = request(
+        &mut s,
+        Request::MultiGet {
+            keys: vec![b"/mg1", b"/missing"],
+        },
+        17,
+    )
+    .await;
+    assert_eq!(
+        reply,
+        [1, 0, 0, 0, 0, 0, 0, 0, b'a', 0, 0, 0, 0, 0, 0, 0, 0]
+    );
+    assert_eq!(
+        request(&mut s, Request::Wait { keys: vec![] }, 1).await,
+        [0]
+    );
+    assert_eq!(
+        request(&mut s, Request::Check { keys: vec![] }, 1).await,
+        [0]
+    );
+    assert_eq!(request(&mut s, Request::CancelWait, 1).await, [1]);
+    // A pending WAIT does not stop other requests on the same connection.
+    request(&mut s, Request::Wait { keys: vec![b"/w"] }, 0).await;
+    assert_eq!(
+        request(&mut s, Request::GetNumKeys, 8).await,
+        [1, 0, 0, 0, 0, 0, 0, 0]
+    );
+    let mut other = raw(&server).await;
+    request(
+        &mut other,
+        Request::Set {
+            key: b"/w",
+            value: b"",
+        },
+        0,
+    )
+    .await;
+    let mut woken = [0; 1];
+    s.read_exact(&mut woken).await.unwrap();
+    assert_eq!(woken, [0]);
+    // ADD parses like std::stoll.
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/n",
+            value: b" 12xyz",
+        },
+        0,
+    )
+    .await;
+    assert_eq!(
+        request(
+            &mut s,
+            Request::Add {
+                key: b"/n",
+                delta: 1
+            },
+            8
+        )
+        .await,
+        [13, 0, 0, 0, 0, 0, 0, 0]
+    );
+    // Requests split byte by byte and pipelined requests both work.
+    let mut wire = Vec::new();
+    Request::Ping { nonce: 7 }.encode(&mut wire);
+    Request::Ping { nonce: 8 }.encode(&mut wire);
+    for byte in &wire {
+        s.write_all(&[*byte]).await.unwrap();
+    }
+    let mut pongs = [0; 8];
+    s.read_exact(&mut pongs).await.unwrap();
+    assert_eq!(pongs, [7, 0, 0, 0, 8, 0, 0, 0]);
+    // Errors close the connection, as in torch.
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/abc",
+            value: b"abc",
+        },
+        0,
+    )
+    .await;
+    request(
+        &mut s,
+        Request::Add {
+            key: b"/abc",
+            delta: 1,
+        },
+        0,
+    )
+    .await;
+    assert!(closed(&mut s).await);
+    for bad in [&[0x7f][..], &VALIDATE] {
+        let mut s = raw(&server).await;
+        s.write_all(bad).await.unwrap();
+        assert!(closed(&mut s).await, "after {bad:02x?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handshake_is_required() {
+    let server = start(ServerConfig::default()).await;
+    for first in [&[0x00, 0xde, 0xad, 0xbe, 0xef][..], &[0x07]] {
+        let mut s = TcpStream::connect(server.local_addr()).await.unwrap();
+        s.write_all(first).await.unwrap();
+        assert!(closed(&mut s).await, "after {first:02x?}");
+    }
+    // Unlike torch's libuv server, a VALIDATE split across segments is fine.
+    let mut s = TcpStream::connect(server.local_addr()).await.unwrap();
+    s.write_all(&VALIDATE[..1]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.write_all(&VALIDATE[1..]).await.unwrap();
+    assert_eq!(
+        request(&mut s, Request::Ping { nonce: 9 }, 4).await,
+        [9, 0, 0, 0]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_frames_and_stuck_clients_do_not_affect_others() {
+    let server = start(ServerConfig {
+        max_frame_bytes: 1024,
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut good = client(&server).await;
+    // A SET declaring a value over the limit is refused from its header.
+    let mut big = raw(&server).await;
+    big.write_all(&[0x01, 1, 0, 0, 0, 0, 0, 0, 0, b'k', 0, 4, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
+    assert!(closed(&mut big).await);
+    // A reply over the limit is refused too.
+    good.set("v", &[1; 600]).await.unwrap();
+    let mut greedy = raw(&server).await;
+    let mut wire = Vec::new();
+    Request::MultiGet {
+        keys: vec![b"/v", b"/v"],
+    }
+    .encode(&mut wire);
+    greedy.write_all(&wire).await.unwrap();
+    assert!(closed(&mut greedy).await);
+    // Half a frame, then silence; and a client that never reads its replies.
+    let mut stuck = raw(&server).await;
+    stuck.write_all(&[0x01, 200, 0, 0]).await.unwrap();
+    let mut deaf = raw(&server).await;
+    let mut pings = Vec::new();
+    for _ in 0..100_000 {
+        Request::Ping { nonce: 1 }.encode(&mut pings);
+    }
+    let flood = tokio::spawn(async move {
+        let _ = deaf.write_all(&pings).await;
+        deaf
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let started = Instant::now();
+    for i in 0..100 {
+        assert_eq!(good.add("n", 1).await.unwrap(), i + 1);
+    }
+    assert!(started.elapsed() < Duration::from_secs(2));
+    drop((stuck, flood));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limit_are_closed() {
+    let server = start(ServerConfig {
+        max_connections: 2,
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut a = client(&server).await;
+    let _b = client(&server).await;
+    let mut third = raw(&server).await;
+    assert!(closed(&mut third).await);
+    drop(_b);
+    // The slot frees once the server saw the close.
+    let mut c = Client::connect(server.local_addr(), TIMEOUT).await.unwrap();
+    c.ping().await.unwrap();
+    a.ping().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn random_input_never_stops_the_server() {
+    let server = start(ServerConfig {
+        max_frame_bytes: 4096,
+        ..ServerConfig::default()
+    })
+    .await;
+    let mut rng = Rng::new(0xf022);
+    let cases = fuzz_cases(300);
+    for case in 0..cases {
+        let mut s = if rng.below(4) == 0 {
+            TcpStream::connect(server.local_addr()).await.unwrap()
+        } else {
+            raw(&server).await
+        };
+        let mut wire = Vec::new();
+        for _ in 0..1 + rng.below(4) {
+            wire.extend(random_frame(&mut rng));
+        }
+        wire.truncate(rng.below(wire.len() as u64 + 1) as usize);
+        // The server may close mid-write; that is its right.
+        let _ = s.write_all(&wire).await;
+        if case % 50 == 0 {
+            let mut c = client(&server).await;
+            c.set("alive", b"1").await.unwrap();
+        }
+    }
+    let mut c = client(&server).await;
+    assert_eq!(c.add("still-serving", 1).await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_connection_refuses_requests_with_replies() {
+    let server = start(ServerConfig::default()).await;
+    let mut s = raw(&server).await;
+    let reply = request(
+        &mut s,
+        Request::Watch {
+            mode: WatchMode::Key,
+            pattern: b"/a",
+        },
+        11,
+    )
+    .await;
+    assert_eq!(reply, [0, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
+    request(
+        &mut s,
+        Request::Set {
+            key: b"/a",
+            value: b"1",
+        },
+        0,
+    )
+    .await;
+    let mut event = [0; 11];
+    s.read_exact(&mut event).await.unwrap();
+    assert_eq!(event, [1, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
+    request(&mut s, Request::Get { key: b"/a" }, 0).await;
+    assert!(closed(&mut s).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_keys_vanish_with_their_connection_and_watchers_hear_it() {
+    let server = start(ServerConfig::default()).await;
+    let mut watcher = client(&server)
+        .await
+        .watch(WatchTarget::Prefix("agents/".into()))
+        .await
+        .unwrap();
+    watcher
+        .watch(WatchTarget::Key("plain".into()))
+        .await
+        .unwrap();
+    let mut agent = client(&server).await;
+    agent.set_session("agents/1", b"alive").await.unwrap();
+    agent.set_session("agents/2", b"alive").await.unwrap();
+    agent.add("agents/2", 0).await.unwrap_err();
+    let mut agent = client(&server).await;
+    agent.set_session("agents/1", b"alive").await.unwrap();
+    agent.set_session("plain", b"x").await.unwrap();
+    agent.set("plain", b"now ordinary").await.unwrap();
+    let mut other = client(&server).await;
+    assert_eq!(other.get("agents/1").await.unwrap(), b"alive");
+    let written = |key: &str| {
+        Some(WatchEvent {
+            kind: WatchEventKind::Written,
+            key: key.into(),
+        })
+    };
+    let deleted = |key: &str| {
+        Some(WatchEvent {
+            kind: WatchEventKind::Deleted,
+            key: key.into(),
+        })
+    };
+    let mut seen = Vec::new();
+    while let Some(event) = watcher
+        .next_event(Duration::from_millis(200))
+        .await
+        .unwrap()
+    {
+        seen.push(Some(event));
+    }
+    // The first agent's connection was closed by the server (ADD on "alive"): its keys went.
+    assert_eq!(
+        seen,
+        [
+            written("agents/1"),
+            written("agents/2"),
+            deleted("agents/1"),
+            deleted("agents/2"),
+            written("agents/1"),
+            written("plain"),
+            written("plain")
+        ]
+    );
+    let closed_at = Instant::now();
+    drop(agent);
+    assert_eq!(
+        watcher
+            .next_event(Duration::from_millis(100))
+            .await
+            .unwrap(),
+        deleted("agents/1")
+    );
+    assert!(closed_at.elapsed() < Duration::from_millis(100));
+    assert!(!other.check(&["agents/1"]).await.unwrap());
+    assert!(other.check(&["plain"]).await.unwrap());
+}
+
+/// Environment variable naming the store a [`session_holder_process`] child connects to.
+const HOLDER_ADDR: &str = "MUSTER_TEST_SESSION_HOLDER_ADDR";
+
+/// Not a test by itself: the child process of the next test (this test binary re-run with
+/// `HOLDER_ADDR` set), which holds a session key until it is SIGKILLed.
+#[test]
+fn session_holder_process() {
+    let Ok(addr) = std::env::var(HOLDER_ADDR) else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    runtime.block_on(async {
+        let mut c = Client::connect(addr.parse().unwrap(), TIMEOUT)
+            .await
+            .unwrap();
+        c.set_session("agents/child", b"alive").await.unwrap();
+        c.ping().await.unwrap();
+        println!("holder ready");
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_key_of_a_killed_process_vanishes() {
+    let server = start(ServerConfig::default()).await;
+    let mut watcher = client(&server)
+        .await
+        .watch(WatchTarget::Key("agents/child".into()))
+        .await
+        .unwrap();
+    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "store::tcp::server::tests::session_holder_process",
+            "--nocapture",
+        ])
+        .env(HOLDER_ADDR, server.local_addr().to_string())
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    while let Some(line) = tokio::time::timeout(TIMEOUT, lines.next_line())
+        .await
+        .unwrap()
+        .unwrap()
+    {
+        if line.contains("holder ready") {
+            break;
+        }
+    }
+    let event = watcher.next_event(TIMEOUT).await.unwrap().unwrap();
+    assert_eq!(event.kind, WatchEventKind::Written);
+    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
+    let killed_at = Instant::now();
+    let event = watcher
+        .next_event(Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert_eq!(
+        event,
+        Some(WatchEvent {
+            kind: WatchEventKind::Deleted,
+            key: "agents/child".into()
+        })
+    );
+    assert!(killed_at.elapsed() < Duration::from_millis(100));
+    child.wait().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unspecified_address_listens_dual_stack() {
+    let server = Server::bind((Ipv4Addr::UNSPECIFIED, 0).into(), ServerConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(server.local_addr().ip(), Ipv6Addr::UNSPECIFIED);
+    for ip in [Ipv4Addr::LOCALHOST.into(), Ipv6Addr::LOCALHOST.into()] {
+        let mut c = Client::connect(SocketAddr::new(ip, server.port()), TIMEOUT)
+            .await
+            .unwrap();
+        c.ping().await.unwrap();
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_closes_clients() {
+    let server = start(ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let mut c = client(&server).await;
+    let waiting = tokio::spawn(async move { c.wait(&["never"], TIMEOUT).await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    server.shutdown().await;
+    let err = waiting.await.unwrap().unwrap_err();
+    assert!(matches!(err, StoreError::Closed { .. }), "{err}");
+    assert!(TcpStream::connect(addr).await.is_err());
+}
