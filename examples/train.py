@@ -122,7 +122,8 @@ def main():
         if args.result:
             with open(args.result, "w") as f:
                 json.dump({"steps": args.steps, "resumed_from": resumed_from, "world_size": world,
-                           "restart_count": restart_count, "final_loss": final_loss}, f)
+                           "restart_count": restart_count, "final_loss": final_loss,
+                           "use_agent_store": os.environ.get("TORCHELASTIC_USE_AGENT_STORE")}, f)
     # Free DDP (which holds the process group) before tearing the group down. Left to interpreter
     # shutdown, about one run in ten on a busy 2-core machine aborted after a clean finish
     # ("terminate called without an active exception", SIGABRT), under torchrun and muster alike.

@@ -4,7 +4,7 @@
 //! invariant 2), so a recovery can be timed phase by phase. Restart accounting follows torchrun: a failed
 //! local worker group spends one restart; the count is exported as TORCHELASTIC_RESTART_COUNT.
 
-use std::os::fd::OwnedFd;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -12,6 +12,10 @@ use nix::sys::signal::Signal;
 use serde_json::json;
 
 use crate::config::{LaunchConfig, Rendezvous};
+use crate::rendezvous::{self as rdzv, Fingerprint, NodeInfo, RdzvError, RdzvEvent, RoundInfo, Settings};
+use crate::store::remote::RemoteStore;
+use crate::store::tcp::{Server, ServerConfig};
+use crate::store::StoreError;
 use crate::supervisor::failure::ProcessFailure;
 use crate::supervisor::logs::{LogError, RunLogs};
 use crate::supervisor::reaper::{self, OrphanGuard};
@@ -22,8 +26,12 @@ use crate::telemetry::Events;
 pub enum AgentError {
     #[error("cannot install signal handlers: {0}")]
     Signals(std::io::Error),
-    #[error("cannot reserve a port for the workers' store: {0}")]
-    Port(std::io::Error),
+    #[error("{0}")]
+    Rendezvous(#[from] RdzvError),
+    #[error("rendezvous store: {0}")]
+    Store(#[from] StoreError),
+    #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
+    Resolve(String, std::io::Error),
     #[error(transparent)]
     Logs(#[from] LogError),
     #[error(transparent)]
@@ -74,6 +82,7 @@ impl State {
             (Init, Rendezvous)
                 | (Init, Interrupted)
                 | (Rendezvous, Starting)
+                | (Rendezvous, Interrupted | Failed)
                 | (Starting, Running)
                 | (Starting, Failed)
                 | (Running, Succeeded | Failed | Interrupted | Restarting)
@@ -105,54 +114,84 @@ impl Machine {
     }
 }
 
-/// The endpoint workers use for `init_process_group(init_method="env://")`.
+/// The rendezvous store: hosted by this agent when it is the store's host, reached over TCP in any case.
+async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RemoteStore), AgentError> {
+    let join_timeout = cfg.conf_duration("join_timeout", 600.0);
+    let read_timeout = cfg.conf_duration("read_timeout", 60.0);
+    let server_config = ServerConfig {
+        keepalive: Some(cfg.conf_duration("keep_alive_interval", 5.0)),
+        ..ServerConfig::default()
+    };
+    let any = |port: u16| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
+    let (host, port, hosted) = match &cfg.rendezvous {
+        Rendezvous::C10d { host, port, is_host } => {
+            let hosting = is_host.unwrap_or_else(|| is_this_machine(host, &cfg.local_addr));
+            let hosted = match (hosting, Server::bind(any(*port), server_config.clone()).await) {
+                (false, _) => None,
+                (true, Ok(server)) => Some(server),
+                // torch's heuristic: several agents on one machine, the first one hosts.
+                (true, Err(e)) if is_host.is_none() => {
+                    tracing::debug!("not hosting the rendezvous store ({e}); connecting as a client");
+                    None
+                }
+                (true, Err(e)) => return Err(e.into()),
+            };
+            (host.clone(), *port, hosted)
+        }
+        Rendezvous::Static { master_addr, master_port } => {
+            let hosted = match cfg.node_rank {
+                0 => Some(Server::bind(any(*master_port), server_config).await?),
+                _ => None,
+            };
+            (master_addr.clone(), *master_port, hosted)
+        }
+    };
+    let addr = match &hosted {
+        Some(server) => SocketAddr::from(([127, 0, 0, 1], server.port())),
+        None => tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .map_err(|e| AgentError::Resolve(format!("{host}:{port}"), e))?
+            .next()
+            .ok_or_else(|| AgentError::Resolve(format!("{host}:{port}"), std::io::ErrorKind::NotFound.into()))?,
+    };
+    let store = RemoteStore::connect(addr, join_timeout, read_timeout).await?;
+    Ok((hosted, store))
+}
+
+/// torch's `_matches_machine_hostname`: the endpoint names this machine.
+fn is_this_machine(host: &str, local_addr: &str) -> bool {
+    let loopback = host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    loopback || host == "localhost" || host == crate::host::hostname() || host == local_addr
+}
+
+/// The store the workers use through MASTER_ADDR:MASTER_PORT, served by the group-rank-0 agent.
 struct WorkerStore {
+    /// c10d: bound on first use; static: the rendezvous store itself.
+    server: Option<Server>,
+    shared_with_rendezvous: bool,
     addr: String,
-    port: u16,
-    use_agent_store: bool,
-    /// Held for the job's lifetime so no other process takes the port; rank 0 binds it with SO_REUSEADDR.
-    _reservation: Option<OwnedFd>,
 }
 
 impl WorkerStore {
-    fn open(rendezvous: &Rendezvous) -> Result<WorkerStore, AgentError> {
-        Ok(match rendezvous {
-            Rendezvous::Local { master_addr } => {
-                let (fd, port) = reserve_port().map_err(AgentError::Port)?;
-                WorkerStore { addr: master_addr.clone(), port, use_agent_store: false, _reservation: Some(fd) }
+    /// The endpoint for this round, emptied of what earlier attempts left (pytorch issue #135712).
+    async fn prepare(&mut self, hosted: Option<&Server>) -> Result<(String, u16), AgentError> {
+        let server = match (self.shared_with_rendezvous, hosted) {
+            (true, Some(server)) => server,
+            (true, None) => return Err(RdzvError::State("static node rank 0 does not host the store".into()).into()),
+            (false, _) => {
+                if self.server.is_none() {
+                    let any = SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 0));
+                    self.server = Some(Server::bind(any, ServerConfig::default()).await?);
+                }
+                self.server.as_ref().ok_or_else(|| RdzvError::State("worker store missing".into()))?
             }
-            Rendezvous::Static { master_addr, master_port } => WorkerStore {
-                addr: master_addr.clone(),
-                port: *master_port,
-                use_agent_store: false,
-                _reservation: None,
-            },
-        })
-    }
-}
-
-/// Binds a dual-stack ephemeral port with SO_REUSEADDR and does not listen on it: the worker that hosts the
-/// TCPStore (rank 0, which also sets SO_REUSEADDR) can bind and listen on it, nobody else can take it.
-fn reserve_port() -> std::io::Result<(OwnedFd, u16)> {
-    use nix::sys::socket::{bind, getsockname, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType};
-    use nix::sys::socket::{SockaddrIn, SockaddrIn6};
-    let flags = SockFlag::SOCK_CLOEXEC;
-    let v6 = socket(AddressFamily::Inet6, SockType::Stream, flags, None).and_then(|fd| {
-        setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-        setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
-        bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn6::from(std::net::SocketAddrV6::new(std::net::Ipv6Addr::UNSPECIFIED, 0, 0, 0)))?;
-        let port = getsockname::<SockaddrIn6>(std::os::fd::AsRawFd::as_raw_fd(&fd))?.port();
-        Ok((fd, port))
-    });
-    match v6 {
-        Ok(r) => Ok(r),
-        Err(_) => {
-            let fd = socket(AddressFamily::Inet, SockType::Stream, flags, None)?;
-            setsockopt(&fd, sockopt::ReuseAddr, &true)?;
-            bind(std::os::fd::AsRawFd::as_raw_fd(&fd), &SockaddrIn::new(0, 0, 0, 0, 0))?;
-            let port = getsockname::<SockaddrIn>(std::os::fd::AsRawFd::as_raw_fd(&fd))?.port();
-            Ok((fd, port))
+        };
+        if self.shared_with_rendezvous {
+            server.clear_except("muster/").await;
+        } else {
+            server.clear().await;
         }
+        Ok((self.addr.clone(), server.port()))
     }
 }
 
@@ -164,20 +203,55 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
     let mut machine = Machine { state: State::Init, since: Instant::now(), events, run_id: cfg.run_id.clone() };
     let hostname = crate::host::hostname();
     let logs = RunLogs::create(&cfg.logs, &cfg.run_id)?;
-    let store = WorkerStore::open(&cfg.rendezvous)?;
+
+    let (hosted, store) = tokio::select! {
+        r = open_rendezvous_store(&cfg) => r?,
+        Some(sig) = signals.recv() => return Ok(Outcome::Interrupted(sig)),
+    };
+    let static_rdzv = matches!(cfg.rendezvous, Rendezvous::Static { .. });
+    let settings = Settings {
+        run_id: cfg.run_id.clone(),
+        min_nodes: cfg.min_nodes,
+        max_nodes: cfg.max_nodes,
+        join_timeout: cfg.conf_duration("join_timeout", 600.0),
+        last_call_timeout: cfg.conf_duration("last_call_timeout", 30.0),
+        exit_barrier_timeout: cfg.conf_duration("exit_barrier_timeout", 300.0),
+        node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
+        strict_rank: static_rdzv,
+    };
+    let me = NodeInfo {
+        id: format!("{}_{}_0", cfg.local_addr, std::process::id()),
+        addr: cfg.local_addr.clone(),
+        nproc: cfg.nproc_per_node,
+    };
+    let fingerprint = Fingerprint {
+        entrypoint: cfg.entrypoint.name.clone(),
+        args: cfg.entrypoint.script_args.clone(),
+        nproc_spec: cfg.nproc_spec.clone(),
+    };
+    let mut rendezvous = rdzv::Rendezvous::new(store, settings, me, fingerprint);
+    rendezvous.register().await?;
+    let mut worker_store = WorkerStore {
+        server: None,
+        shared_with_rendezvous: static_rdzv,
+        addr: match &cfg.rendezvous {
+            Rendezvous::Static { master_addr, .. } => master_addr.clone(),
+            Rendezvous::C10d { .. } => cfg.local_addr.clone(),
+        },
+    };
 
     tracing::info!(
-        "muster {}: nnodes={}:{} nproc_per_node={} rdzv_backend={} run_id={} max_restarts={} master={}:{} \
+        "muster {}: nnodes={}:{} nproc_per_node={} rdzv_backend={} rdzv_store={}{} run_id={} max_restarts={} \
          log_dir={} entrypoint={}",
         env!("CARGO_PKG_VERSION"),
         cfg.min_nodes,
         cfg.max_nodes,
         cfg.nproc_per_node,
         cfg.rdzv_backend,
+        rendezvous.store().addr(),
+        if hosted.is_some() { " (hosted here)" } else { "" },
         cfg.run_id,
         cfg.max_restarts,
-        store.addr,
-        store.port,
         logs.run_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "/dev/null".into()),
         cfg.entrypoint.name,
     );
@@ -196,27 +270,53 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             return Ok(Outcome::Interrupted(sig));
         }
         machine.go(State::Rendezvous, json!({ "restart_count": restart_count }));
-        // One node: this node is the whole group. Multi-node rendezvous replaces this step.
+        let round: RoundInfo = tokio::select! {
+            r = rendezvous.next_round() => match r {
+                Ok(round) => round,
+                Err(e) => {
+                    machine.go(State::Failed, json!({ "error": e.to_string() }));
+                    return Err(e.into());
+                }
+            },
+            Some(sig) = signals.recv() => {
+                machine.go(State::Interrupted, json!({ "signal": sig.as_str() }));
+                return Ok(Outcome::Interrupted(sig));
+            }
+        };
+        let (master_addr, master_port) = if round.group_rank == 0 {
+            let (addr, port) = worker_store.prepare(hosted.as_ref()).await?;
+            rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await?;
+            (addr, port)
+        } else {
+            let v = rendezvous.read_published("master", cfg.conf_duration("read_timeout", 60.0)).await?;
+            let v = String::from_utf8_lossy(&v).into_owned();
+            let (port, addr) = v.split_once(' ').unwrap_or(("0", ""));
+            (addr.to_string(), port.parse().map_err(|_| RdzvError::State(format!("bad master endpoint '{v}'")))?)
+        };
         let nproc = cfg.nproc_per_node;
         let spec = GroupSpec {
             role: cfg.role.clone(),
             local_world_size: nproc,
-            group_rank: cfg.node_rank,
-            group_world_size: 1,
-            base_global_rank: 0,
-            world_size: nproc,
-            base_role_rank: 0,
-            role_world_size: nproc,
-            master_addr: store.addr.clone(),
-            master_port: store.port,
+            group_rank: round.group_rank,
+            group_world_size: round.group_world_size,
+            base_global_rank: round.base_global_rank,
+            world_size: round.world_size,
+            base_role_rank: round.base_global_rank,
+            role_world_size: round.world_size,
+            master_addr,
+            master_port,
             restart_count,
             max_restarts: cfg.max_restarts,
             run_id: cfg.run_id.clone(),
-            use_agent_store: store.use_agent_store,
+            use_agent_store: true,
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),
         };
-        machine.go(State::Starting, json!({ "group_rank": spec.group_rank, "world_size": spec.world_size }));
+        machine.go(
+            State::Starting,
+            json!({ "round": round.round, "group_rank": spec.group_rank, "group_world_size": spec.group_world_size,
+                    "world_size": spec.world_size }),
+        );
         let attempt = logs.attempt(restart_count, nproc)?;
         let started = WorkerGroup::start(&spec, &cfg.entrypoint, &attempt, logs.config(), &hostname, guard.clone());
         let mut group = match started {
@@ -227,8 +327,15 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             }
         };
         machine.go(State::Running, json!({ "pids": group.pids(), "log_dir": attempt.dir() }));
-        match group.wait(&mut signals, cfg.shutdown_timeout).await {
+        let outcome = group.wait(&mut signals, rendezvous.next_event(), cfg.shutdown_timeout).await;
+        match outcome {
             GroupOutcome::Succeeded => {
+                if let Err(e) = rendezvous.exit_barrier().await {
+                    tracing::warn!("{e}");
+                }
+                if let Err(e) = rendezvous.close().await {
+                    tracing::warn!("cannot close the rendezvous: {e}");
+                }
                 machine.go(State::Succeeded, json!({}));
                 return Ok(Outcome::Succeeded);
             }
@@ -244,11 +351,31 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                     failures.len(),
                     cfg.max_restarts
                 );
-                machine.go(State::Restarting, json!({ "restart_count": restart_count, "remaining_restarts": remaining }));
+                rendezvous.open_next_round().await?;
+                machine.go(
+                    State::Restarting,
+                    json!({ "reason": "worker failure", "restart_count": restart_count, "remaining_restarts": remaining }),
+                );
             }
             GroupOutcome::Failed(failures) => {
+                if let Err(e) = rendezvous.close().await {
+                    tracing::warn!("cannot close the rendezvous: {e}");
+                }
                 machine.go(State::Failed, json!({ "failures": failures.len() }));
                 return Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures });
+            }
+            GroupOutcome::Changed(Ok(RdzvEvent::Closed)) => {
+                machine.go(State::Failed, json!({ "reason": "closed by another node" }));
+                return Err(RdzvError::Closed(cfg.run_id.clone()).into());
+            }
+            GroupOutcome::Changed(Ok(event)) => {
+                tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
+                rendezvous.open_next_round().await?;
+                machine.go(State::Restarting, json!({ "reason": format!("{event:?}"), "restart_count": restart_count }));
+            }
+            GroupOutcome::Changed(Err(e)) => {
+                machine.go(State::Failed, json!({ "error": e.to_string() }));
+                return Err(e.into());
             }
         }
     }

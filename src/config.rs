@@ -41,6 +41,8 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "cacert",
     "cert",
     "key",
+    // muster's own: how long a finished node waits for the others (torch hard-codes 300 s).
+    "exit_barrier_timeout",
 ];
 
 /// Signals muster can trap and forward.
@@ -119,18 +121,21 @@ impl StdSpec {
 pub struct Entrypoint {
     pub program: PathBuf,
     pub args: Vec<String>,
+    /// The user's arguments after the script (part of the launch fingerprint).
+    pub script_args: Vec<String>,
     /// The name torchrun prints in the failure summary title.
     pub name: String,
 }
 
-/// How this node meets its peers. Multi-node rendezvous arrives with its own issue; until then every job
-/// here has one node and this says where workers find their TCPStore.
+/// How this node meets its peers.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Rendezvous {
-    /// c10d on this host (torchrun's `--standalone` and 2.15's implicit standalone): the agent provides the
-    /// port, `MASTER_ADDR` is `--local-addr` or this host's FQDN.
-    Local { master_addr: String },
-    /// static: `MASTER_ADDR:MASTER_PORT` as given, this node is `--node-rank`.
+    /// c10d: muster's rendezvous store at `host:port`, hosted by the agent on that machine (`is_host`, or
+    /// torch's heuristic when None); the group-rank-0 agent serves the workers' store on a port it binds and
+    /// exports `MASTER_ADDR` = `local_addr`. `--standalone` is c10d on `localhost:0`.
+    C10d { host: String, port: u16, is_host: Option<bool> },
+    /// static: the store at `MASTER_ADDR:MASTER_PORT`, hosted by node rank 0 and shared with the workers;
+    /// every node must be there (`--nnodes N`) and `--node-rank` is the group rank.
     Static { master_addr: String, master_port: u16 },
 }
 
@@ -170,6 +175,10 @@ pub struct LaunchConfig {
     /// The backend name as torchrun would report it (after standalone resolution).
     pub rdzv_backend: String,
     pub rendezvous: Rendezvous,
+    /// This node's address: its rendezvous id and, on group rank 0, the workers' MASTER_ADDR.
+    pub local_addr: String,
+    /// `--nproc-per-node` as given (part of the launch fingerprint).
+    pub nproc_spec: String,
     pub run_id: String,
     pub rdzv_conf: BTreeMap<String, String>,
     pub node_rank: u32,
@@ -184,6 +193,14 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     pub virtual_local_rank: bool,
     pub event_log_console: bool,
+}
+
+impl LaunchConfig {
+    /// A `--rdzv-conf` duration in seconds, or the default (values were validated when parsed).
+    pub fn conf_duration(&self, key: &str, default_secs: f64) -> Duration {
+        let secs = self.rdzv_conf.get(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(default_secs);
+        Duration::from_secs_f64(secs)
+    }
 }
 
 /// The outside world `LaunchConfig::from_cli` consults, injectable for tests.
@@ -354,7 +371,12 @@ fn entrypoint(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {
                 if script.contains('/') { "" } else { " on PATH" }
             ))
         })?;
-        return Ok(Entrypoint { program, args: script_args.to_vec(), name: script.clone() });
+        return Ok(Entrypoint {
+            program,
+            args: script_args.to_vec(),
+            script_args: script_args.to_vec(),
+            name: script.clone(),
+        });
     }
     let python_exec = (host.env)("PYTHON_EXEC").filter(|p| !p.is_empty());
     let program = match &python_exec {
@@ -378,7 +400,7 @@ fn entrypoint(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {
     args.extend(script_args.iter().cloned());
     // torchrun names the interpreter itself when it is not the one torchrun runs under.
     let name = python_exec.unwrap_or_else(|| script.clone());
-    Ok(Entrypoint { program, args, name })
+    Ok(Entrypoint { program, args, script_args: script_args.to_vec(), name })
 }
 
 /// Host and port of `--rdzv-endpoint` as torch's `parse_rendezvous_endpoint` splits them.
@@ -438,13 +460,6 @@ impl LaunchConfig {
         };
 
         let rendezvous = match backend.as_str() {
-            _ if max_nodes > 1 => {
-                return Err(bad(format!(
-                    "'--nnodes {}': multi-node rendezvous is not available in this muster version yet; \
-                     use --nnodes 1 (or --standalone)",
-                    cli.nnodes
-                )))
-            }
             "static" => {
                 if cli.node_rank >= max_nodes {
                     return Err(bad(format!(
@@ -465,8 +480,16 @@ impl LaunchConfig {
                 Rendezvous::Static { master_addr, master_port }
             }
             "c10d" => {
-                parse_endpoint(&endpoint)?;
-                Rendezvous::Local { master_addr: cli.local_addr.clone().unwrap_or_else(|| (host.fqdn)()) }
+                let (h, port) = parse_endpoint(&endpoint)?;
+                let is_host = match rdzv_conf.get("is_host").map(|v| v.to_ascii_lowercase()) {
+                    None => None,
+                    Some(v) if ["1", "true", "t", "yes", "y"].contains(&v.as_str()) => Some(true),
+                    Some(v) if ["0", "false", "f", "no", "n"].contains(&v.as_str()) => Some(false),
+                    Some(v) => return Err(bad(format!("'--rdzv-conf is_host={v}': use true or false"))),
+                };
+                let host = if h.is_empty() { "localhost".to_string() } else { h };
+                let is_host = if standalone { Some(true) } else { is_host };
+                Rendezvous::C10d { host, port: port.unwrap_or(29400), is_host }
             }
             "etcd" | "etcd-v2" => {
                 return Err(bad(format!(
@@ -519,6 +542,8 @@ impl LaunchConfig {
             nproc_per_node,
             rdzv_backend: backend,
             rendezvous,
+            local_addr: cli.local_addr.clone().unwrap_or_else(|| (host.fqdn)()),
+            nproc_spec: cli.nproc_per_node.trim().to_string(),
             run_id,
             rdzv_conf,
             node_rank: cli.node_rank,
@@ -604,7 +629,8 @@ mod tests {
         // /bin/true is not a python script path that exists as a file?  It is a file, so python mode works.
         let c = c.unwrap();
         assert_eq!(c.rdzv_backend, "c10d");
-        assert_eq!(c.rendezvous, Rendezvous::Local { master_addr: "node0".into() });
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "localhost".into(), port: 0, is_host: Some(true) });
+        assert_eq!(c.local_addr, "node0");
         assert_eq!(c.run_id.len(), 36);
         assert_eq!(c.entrypoint.args[..2], ["-u".to_string(), "/bin/true".to_string()]);
     }
@@ -625,7 +651,8 @@ mod tests {
             (&["-m", "--no-python", "x"], "--no-python"),
             (&["--no-python", concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")], "--no-python"),
             (&["/nonexistent/train.py"], "/nonexistent/train.py"),
-            (&["--nnodes", "2", "/bin/true"], "--nnodes"),
+            (&["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "/bin/true"], "--node-rank"),
+            (&["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "/bin/true"], "is_host"),
             (&["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "/bin/true"], "etcd"),
             (&[], "script is missing"),
         ];

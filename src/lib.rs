@@ -7,6 +7,7 @@ pub mod cli;
 pub mod config;
 pub mod gpu;
 pub mod host;
+pub mod rendezvous;
 pub mod signals;
 pub mod store;
 pub mod supervisor;

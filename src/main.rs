@@ -15,7 +15,6 @@ use muster::supervisor::{failure, reaper::OrphanGuard};
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("store") {
-        muster::telemetry::init();
         return ExitCode::from(u8::try_from(muster::store::store_main(&args[2..])).unwrap_or(1));
     }
     if let Some(word @ ("plan" | "doctor")) = args.get(1).map(String::as_str) {

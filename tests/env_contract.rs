@@ -30,9 +30,6 @@ const DIFFERENT_BY_NATURE: &[&str] = &[
     "MASTER_PORT",             // a fresh free port per job
     "TORCHELASTIC_RUN_ID",     // a fresh uuid4 per standalone job
     "TORCHELASTIC_ERROR_FILE", // under a fresh temp log directory (its shape is checked below)
-    // muster's worker store arrives with the store work; until then rank 0 hosts it, as with
-    // TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1.
-    "TORCHELASTIC_USE_AGENT_STORE",
 ];
 
 #[test]
@@ -61,6 +58,7 @@ fn worker_env_matches_torchrun() {
         }
         assert_eq!(m["RANK"], rank.to_string());
         assert_eq!(m["WORLD_SIZE"], "3");
+        assert_eq!(m["TORCHELASTIC_USE_AGENT_STORE"], "True", "workers use the agent's store");
     }
     assert_eq!(ours[0]["MASTER_PORT"], ours[2]["MASTER_PORT"]);
 }

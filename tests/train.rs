@@ -17,7 +17,7 @@ fn train(launcher_args: &[&str], script_args: &[&str]) -> (Output, serde_json::V
     let ckpt = dir.path().join("ckpt");
     let out = run(
         muster()
-            .args(["--standalone", "--nproc-per-node=2"])
+            .arg("--standalone")
             .args(launcher_args)
             .arg(example("train.py"))
             .arg("--result")
@@ -52,7 +52,7 @@ fn assert_finite_loss(r: &serde_json::Value) {
 
 #[test]
 fn trains_to_completion() {
-    let (out, r) = train(&[], &[]);
+    let (out, r) = train(&["--nproc-per-node=2"], &[]);
     assert_eq!(r["steps"], 40, "{r}");
     assert_eq!(r["world_size"], 2, "{r}");
     assert_eq!(r["restart_count"], 0, "{r}");
@@ -63,16 +63,22 @@ fn trains_to_completion() {
     assert!(!all.contains("resumed from step"), "a fresh run resumed:\n{all}");
 }
 
+/// Four workers meet through muster's own worker store (TORCHELASTIC_USE_AGENT_STORE=True); after a crash the
+/// restarted group initialises cleanly against the store the agent cleared.
 #[test]
 fn resumes_after_a_crash() {
-    let (out, r) = train(&["--max-restarts=1"], &["--crash-at-step", "12", "--crash-rank", "1", "--ckpt-every", "5"]);
+    let (out, r) = train(
+        &["--nproc-per-node=4", "--max-restarts=1"],
+        &["--crash-at-step", "12", "--crash-rank", "1", "--ckpt-every", "5"],
+    );
     let all = format!("--- stdout:\n{}\n--- stderr:\n{}", out.stdout, out.stderr);
+    assert_eq!(r["use_agent_store"], "True", "{r}");
     assert_eq!(r["steps"], 40, "{r}\n{all}");
-    assert_eq!(r["world_size"], 2, "{r}\n{all}");
+    assert_eq!(r["world_size"], 4, "{r}\n{all}");
     assert_eq!(r["restart_count"], 1, "the group was not restarted exactly once: {r}\n{all}");
     assert_eq!(r["resumed_from"], 10, "{r}\n{all}");
     assert_finite_loss(&r);
     assert!(all.contains("injected crash at step 12"), "the crash was not injected:\n{all}");
     assert!(all.contains("resumed from step 10"), "no resume message:\n{all}");
-    assert!(out.stdout.contains("done: steps=40 world_size=2 loss="), "{all}");
+    assert!(out.stdout.contains("done: steps=40 world_size=4 loss="), "{all}");
 }

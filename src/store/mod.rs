@@ -1,8 +1,13 @@
 //! The key-value layer: the rendezvous and the worker-facing store.
 
 mod error;
+mod kv;
+pub mod memory;
+pub mod remote;
 mod standalone;
 pub mod tcp;
 
 pub use error::StoreError;
+pub use kv::Store;
+pub use tcp::{WatchEvent, WatchEventKind};
 pub use standalone::{run_standalone, store_main};

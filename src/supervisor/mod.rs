@@ -48,12 +48,14 @@ pub enum SupervisorError {
 
 /// How a worker group ended.
 #[derive(Debug)]
-pub enum GroupOutcome {
+pub enum GroupOutcome<M> {
     Succeeded,
     /// Failures in detection order (the root cause is chosen by timestamp).
     Failed(Vec<ProcessFailure>),
     /// A signal the agent handles arrived; it was forwarded and the group is stopped.
     Interrupted(Signal),
+    /// The membership changed (a peer was lost, nodes joined, the job closed): the group is stopped.
+    Changed(M),
 }
 
 #[derive(Debug)]
@@ -189,9 +191,15 @@ impl WorkerGroup {
         self.workers.iter().filter(|w| w.running).count()
     }
 
-    /// Waits until the group succeeds, a worker fails, or `interrupt` yields a signal; in the last two cases
-    /// the group is stopped before this returns.
-    pub async fn wait(&mut self, interrupt: &mut mpsc::UnboundedReceiver<Signal>, grace: Duration) -> GroupOutcome {
+    /// Waits until the group succeeds, a worker fails, `interrupt` yields a signal or `membership`
+    /// completes; in all but the first case the group is stopped before this returns.
+    pub async fn wait<M>(
+        &mut self,
+        interrupt: &mut mpsc::UnboundedReceiver<Signal>,
+        membership: impl std::future::Future<Output = M>,
+        grace: Duration,
+    ) -> GroupOutcome<M> {
+        tokio::pin!(membership);
         loop {
             tokio::select! {
                 exit = self.exits.recv() => {
@@ -216,6 +224,10 @@ impl WorkerGroup {
                     tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
                     self.stop(sig, grace).await;
                     return GroupOutcome::Interrupted(sig);
+                }
+                change = &mut membership => {
+                    self.stop(Signal::SIGTERM, grace).await;
+                    return GroupOutcome::Changed(change);
                 }
             }
         }

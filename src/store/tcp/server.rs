@@ -93,6 +93,15 @@ impl Server {
         lock(&self.state).clear();
     }
 
+    /// Like [`Server::clear`], but keeps the keys under `keep` (as the client names them, without
+    /// torch's leading `/`), e.g. the agents' rendezvous keys in a store the workers share.
+    pub async fn clear_except(&self, keep: &str) {
+        let mut wire = Vec::with_capacity(keep.len() + 1);
+        wire.push(b'/');
+        wire.extend_from_slice(keep.as_bytes());
+        lock(&self.state).clear_except(&wire);
+    }
+
     /// Stops accepting, closes every connection and waits for their tasks to end.
     pub async fn shutdown(mut self) {
         self.stop.send_replace(true);

@@ -155,6 +155,27 @@ impl State {
         }
     }
 
+    /// Deletes every key and queue except the keys that start with `keep` (wire form, with torch's
+    /// leading `/`): a store shared by agents and workers keeps the agents' keys across restarts.
+    pub(crate) fn clear_except(&mut self, keep: &[u8]) {
+        let watched = self.has_watchers();
+        let keys: Vec<Key> = self.kv.keys().filter(|k| !k.starts_with(keep)).cloned().collect();
+        for key in &keys {
+            self.kv.remove(key);
+            if let Some(owner) = self.owners.remove(key) {
+                if let Some(conn) = self.conns.get_mut(&owner) {
+                    conn.sessions.remove(key);
+                }
+            }
+        }
+        self.queues.clear();
+        if watched {
+            for key in keys {
+                self.notify(&key, EventKind::Deleted);
+            }
+        }
+    }
+
     /// Applies one request from connection `id`, queueing its reply.
     pub(crate) fn apply(&mut self, id: ConnId, request: Request<'_>) -> Result<(), Refusal> {
         let Some(conn) = self.conns.get_mut(&id) else {

@@ -1,0 +1,530 @@
+//! Membership: which agents form the job in each round, their group ranks, and the events that end a round.
+//!
+//! The algorithm talks only to the [`Store`] trait (design invariant 3). Per node and round it costs O(1)
+//! store operations and no key is rewritten by every node:
+//! - a join takes a slot from an atomic counter (`r/<R>/slot`) and writes its own record (`r/<R>/m/<slot>`);
+//! - the round is sealed once, by whoever wins the `r/<R>/sealer` counter, when `max` nodes have joined, when
+//!   every node expected by a re-formation has joined, or when the last call after `min` ends; the seal holds
+//!   the members in group-rank order;
+//! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
+//!   connection closes, and every member watching `alive/` learns it at once;
+//! - a node that arrives after the seal registers `waiting/<node>` (session-bound) and waits; members batch
+//!   the joiners for one last-call window and open the next round once (a scale-up costs one restart);
+//! - any member opens round R+1 by compare-and-set on `round` (`"R+1/expected"`), after a local failure,
+//!   a lost peer or joiners; the others see the change and rejoin.
+//!
+//! Group ranks are stable: members of the previous round keep their relative order, newcomers follow,
+//! ordered by their scheduler-given rank (`--node-rank`, Slurm) and then by arrival. Every member publishes a
+//! fingerprint of its launch (script, arguments, nproc spec); a different one is refused with the difference.
+//!
+//! Keys live under `muster/<run_id>/`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::store::{Store, StoreError, WatchEvent, WatchEventKind};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RdzvError {
+    #[error("rendezvous store error: {0}")]
+    Store(#[from] StoreError),
+    #[error(
+        "rendezvous '{run_id}' timed out after {timeout:?} with {joined} of at least {min} node(s) joined; \
+         start the other nodes or raise join_timeout in --rdzv-conf"
+    )]
+    Timeout { run_id: String, timeout: Duration, joined: i64, min: u32 },
+    #[error("rendezvous '{0}' is closed: the job has finished or failed on another node")]
+    Closed(String),
+    #[error("this node does not match the running job: {0}")]
+    Mismatch(String),
+    #[error("invalid rendezvous state: {0}")]
+    State(String),
+    #[error("lost the connection to the rendezvous store; it may have been stopped or its host is gone")]
+    StoreLost,
+}
+
+/// How long waits last and how many nodes a round needs.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub run_id: String,
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub join_timeout: Duration,
+    pub last_call_timeout: Duration,
+    pub exit_barrier_timeout: Duration,
+    /// A scheduler-given rank: honoured among newcomers; with `strict_rank` it *is* the group rank (static).
+    pub node_rank: Option<u32>,
+    pub strict_rank: bool,
+}
+
+/// What every member publishes; the first member's fingerprint is the job's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    pub entrypoint: String,
+    pub args: Vec<String>,
+    /// `--nproc-per-node` as given: `gpu` matches `gpu` even when the counts differ between nodes.
+    pub nproc_spec: String,
+}
+
+impl Fingerprint {
+    fn differences(&self, job: &Fingerprint) -> Vec<String> {
+        let mut d = Vec::new();
+        if self.entrypoint != job.entrypoint {
+            d.push(format!("script '{}' (the job runs '{}')", self.entrypoint, job.entrypoint));
+        }
+        if self.args != job.args {
+            d.push(format!("arguments {:?} (the job uses {:?})", self.args, job.args));
+        }
+        if self.nproc_spec != job.nproc_spec {
+            d.push(format!("--nproc-per-node {} (the job uses {})", self.nproc_spec, job.nproc_spec));
+        }
+        d
+    }
+}
+
+/// This agent, as the others see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    /// `<addr>_<pid>_<local id>`, unique per agent process.
+    pub id: String,
+    pub addr: String,
+    pub nproc: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Record {
+    node: NodeInfo,
+    slot: i64,
+    prev_rank: Option<u32>,
+    pref_rank: Option<u32>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Seal {
+    /// Members in group-rank order.
+    members: Vec<NodeInfo>,
+}
+
+/// One sealed round, from this node's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundInfo {
+    pub round: u64,
+    pub group_rank: u32,
+    pub group_world_size: u32,
+    pub base_global_rank: u32,
+    pub world_size: u32,
+    pub members: Vec<NodeInfo>,
+}
+
+/// What ends a running round.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RdzvEvent {
+    /// A member's agent is gone (its session ended).
+    PeerLost(String),
+    /// Nodes are waiting to join and the group has room: open the next round after batching.
+    JoinersWaiting,
+    /// Another member opened the next round (a failure or a change elsewhere).
+    RoundChanged,
+    /// The job was closed by another member (finished or failed for good).
+    Closed,
+}
+
+/// The round counter's value: `R` or `R/expected`.
+fn parse_round(v: &[u8]) -> (u64, Option<u32>) {
+    let s = String::from_utf8_lossy(v);
+    let mut it = s.trim().splitn(2, '/');
+    let round = it.next().and_then(|r| r.parse().ok()).unwrap_or(0);
+    let expected = it.next().and_then(|e| e.parse().ok());
+    (round, expected)
+}
+
+/// Orders the live joiners of a round into group ranks (pure; see the module docs).
+fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<NodeInfo>, RdzvError> {
+    if settings.strict_rank {
+        records.sort_by_key(|r| (r.pref_rank.unwrap_or(u32::MAX), r.slot));
+        records.dedup_by(|a, b| a.node.id == b.node.id);
+        for (i, r) in records.iter().enumerate() {
+            if r.pref_rank != Some(i as u32) {
+                return Err(RdzvError::State(format!(
+                    "static rendezvous needs --node-rank 0..{} exactly once each; node {} has {:?}",
+                    settings.max_nodes - 1,
+                    r.node.addr,
+                    r.pref_rank
+                )));
+            }
+        }
+    } else {
+        records.sort_by_key(|r| (r.prev_rank.is_none(), r.prev_rank, r.pref_rank.unwrap_or(u32::MAX), r.slot));
+    }
+    records.truncate(settings.max_nodes as usize);
+    Ok(records.into_iter().map(|r| r.node).collect())
+}
+
+/// One agent's side of the rendezvous.
+pub struct Rendezvous<S: Store> {
+    store: S,
+    settings: Settings,
+    me: NodeInfo,
+    fingerprint: Fingerprint,
+    prefix: String,
+    prev_rank: Option<u32>,
+    current: Option<RoundInfo>,
+    /// The round counter's value when the current round started.
+    round_raw: Vec<u8>,
+    events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
+}
+
+impl<S: Store> Rendezvous<S> {
+    pub fn new(store: S, settings: Settings, me: NodeInfo, fingerprint: Fingerprint) -> Self {
+        let prefix = format!("muster/{}/", settings.run_id);
+        Rendezvous {
+            store,
+            settings,
+            me,
+            fingerprint,
+            prefix,
+            prev_rank: None,
+            current: None,
+            round_raw: Vec::new(),
+            events: None,
+        }
+    }
+
+    fn key(&self, rest: &str) -> String {
+        format!("{}{rest}", self.prefix)
+    }
+
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    pub fn me(&self) -> &NodeInfo {
+        &self.me
+    }
+
+    /// Registers liveness and checks the launch fingerprint. Call once before the first round.
+    pub async fn register(&mut self) -> Result<(), RdzvError> {
+        let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
+        let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
+        if current != mine {
+            let job: Fingerprint = serde_json::from_slice(&current)
+                .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;
+            let diff = self.fingerprint.differences(&job);
+            if !diff.is_empty() {
+                return Err(RdzvError::Mismatch(diff.join("; ")));
+            }
+        }
+        // Watch before anything else so no change is missed.
+        self.events = Some(self.store.watch(&self.prefix).await?);
+        self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        Ok(())
+    }
+
+    async fn closed(&self) -> Result<bool, RdzvError> {
+        Ok(self.store.get(&self.key("closed")).await?.is_some())
+    }
+
+    /// The round counter: its raw value (for compare-and-set), the round, and how many nodes it expects.
+    async fn read_round(&self) -> Result<(Vec<u8>, u64, Option<u32>), RdzvError> {
+        let raw = self.store.get(&self.key("round")).await?.unwrap_or_default();
+        let (round, expected) = parse_round(&raw);
+        Ok((raw, round, expected))
+    }
+
+    /// Joins the next round and returns once it is sealed with this node in it.
+    pub async fn next_round(&mut self) -> Result<RoundInfo, RdzvError> {
+        let start = Instant::now();
+        let deadline = start + self.settings.join_timeout;
+        self.current = None;
+        'rounds: loop {
+            if self.closed().await? {
+                return Err(RdzvError::Closed(self.settings.run_id.clone()));
+            }
+            let (raw, round, expected) = self.read_round().await?;
+            let slot = self.store.add(&self.key(&format!("r/{round}/slot")), 1).await?;
+            let record = Record {
+                node: self.me.clone(),
+                slot,
+                prev_rank: self.prev_rank,
+                pref_rank: self.settings.node_rank,
+            };
+            let bytes = serde_json::to_vec(&record).map_err(|e| RdzvError::State(e.to_string()))?;
+            self.store.set(&self.key(&format!("r/{round}/m/{slot}")), &bytes).await?;
+            let sealed_key = self.key(&format!("r/{round}/sealed"));
+            let mut last_call: Option<Instant> = None;
+            loop {
+                if let Some(seal) = self.store.get(&sealed_key).await? {
+                    let seal: Seal =
+                        serde_json::from_slice(&seal).map_err(|e| RdzvError::State(format!("bad seal: {e}")))?;
+                    if let Some(info) = self.round_info(round, &seal) {
+                        let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                        self.prev_rank = Some(info.group_rank);
+                        self.round_raw = raw;
+                        self.current = Some(info.clone());
+                        tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
+                        return Ok(info);
+                    }
+                    self.wait_as_spare(round, deadline).await?;
+                    continue 'rounds;
+                }
+                if self.read_round().await?.1 != round {
+                    continue 'rounds;
+                }
+                let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+                let now = Instant::now();
+                let min = i64::from(self.settings.min_nodes);
+                let full = joined >= i64::from(self.settings.max_nodes)
+                    || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min);
+                if joined >= min && last_call.is_none() {
+                    last_call = Some(now + self.settings.last_call_timeout);
+                }
+                if full || last_call.is_some_and(|t| now >= t) {
+                    self.try_seal(round).await?;
+                    continue;
+                }
+                if now >= deadline {
+                    return Err(RdzvError::Timeout {
+                        run_id: self.settings.run_id.clone(),
+                        timeout: self.settings.join_timeout,
+                        joined,
+                        min: self.settings.min_nodes,
+                    });
+                }
+                // Sleep on the seal; wake to re-check the count at the last call, or every second.
+                let wake = last_call.unwrap_or(now + Duration::from_secs(1)).min(deadline);
+                self.store.wait(&sealed_key, wake.saturating_duration_since(now)).await?;
+            }
+        }
+    }
+
+    fn round_info(&self, round: u64, seal: &Seal) -> Option<RoundInfo> {
+        let group_rank = seal.members.iter().position(|m| m.id == self.me.id)?;
+        let base_global_rank = seal.members[..group_rank].iter().map(|m| m.nproc).sum();
+        Some(RoundInfo {
+            round,
+            group_rank: group_rank as u32,
+            group_world_size: seal.members.len() as u32,
+            base_global_rank,
+            world_size: seal.members.iter().map(|m| m.nproc).sum(),
+            members: seal.members.clone(),
+        })
+    }
+
+    /// Seals `round` if this node wins the sealer counter.
+    async fn try_seal(&self, round: u64) -> Result<(), RdzvError> {
+        let lock = self.key(&format!("r/{round}/sealer"));
+        if self.store.add(&lock, 1).await? != 1 {
+            return Ok(());
+        }
+        let member_prefix = self.key(&format!("r/{round}/m/"));
+        let keys = self.store.list(&member_prefix).await?;
+        let alive: HashSet<String> = self
+            .store
+            .list(&self.key("alive/"))
+            .await?
+            .into_iter()
+            .filter_map(|k| k.rsplit('/').next().map(str::to_string))
+            .collect();
+        let values = self.store.multi_get(&keys).await?;
+        let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
+        for v in values {
+            let r: Record = serde_json::from_slice(&v).map_err(|e| RdzvError::State(format!("bad record: {e}")))?;
+            if alive.contains(&r.node.id) || r.node.id == self.me.id {
+                by_node.entry(r.node.id.clone()).or_insert(r);
+            }
+        }
+        let members = assign_ranks(by_node.into_values().collect(), &self.settings)?;
+        if members.len() < self.settings.min_nodes as usize {
+            // Joiners died before the seal: release the lock and keep waiting for more.
+            self.store.add(&lock, -1).await?;
+            return Ok(());
+        }
+        let seal = serde_json::to_vec(&Seal { members }).map_err(|e| RdzvError::State(e.to_string()))?;
+        self.store.set(&self.key(&format!("r/{round}/sealed")), &seal).await?;
+        Ok(())
+    }
+
+    /// Not in the sealed round: a spare until the members open the next one (no timeout while the job is at
+    /// its maximum size, as torch's redundancy list).
+    async fn wait_as_spare(&mut self, round: u64, deadline: Instant) -> Result<(), RdzvError> {
+        self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), b"1").await?;
+        let open = self.key(&format!("r/{}/open", round + 1));
+        tracing::info!(round, "the round is full or already sealed; waiting for the next one");
+        loop {
+            if self.closed().await? {
+                return Err(RdzvError::Closed(self.settings.run_id.clone()));
+            }
+            if self.store.wait(&open, Duration::from_secs(1)).await? {
+                return Ok(());
+            }
+            let _ = deadline;
+        }
+    }
+
+    /// Opens the round after the current one, expecting the members still alive plus the waiting joiners;
+    /// idempotent across members (compare-and-set on the round counter).
+    pub async fn open_next_round(&self) -> Result<(), RdzvError> {
+        let Some(current) = &self.current else { return Ok(()) };
+        let alive: HashSet<String> = self
+            .store
+            .list(&self.key("alive/"))
+            .await?
+            .into_iter()
+            .filter_map(|k| k.rsplit('/').next().map(str::to_string))
+            .collect();
+        let waiting = self.store.list(&self.key("waiting/")).await?.len();
+        let members = current.members.iter().filter(|m| alive.contains(&m.id)).count();
+        let expected = (members + waiting).min(self.settings.max_nodes as usize);
+        let to = format!("{}/{expected}", current.round + 1);
+        let key = self.key("round");
+        self.store.compare_set(&key, &self.round_raw, to.as_bytes()).await?;
+        if self.read_round().await?.1 > current.round {
+            self.store.set(&self.key(&format!("r/{}/open", current.round + 1)), b"1").await?;
+        }
+        Ok(())
+    }
+
+    /// Waits for the next event that ends the running round. Joiners are batched for one last-call window,
+    /// so a trickle of them costs one re-formation. Cancel-safe: events stay queued in the channel.
+    pub async fn next_event(&mut self) -> Result<RdzvEvent, RdzvError> {
+        let Rendezvous { store, settings, me, prefix, current, events, .. } = self;
+        let Some(current) = current.as_ref() else {
+            return Err(RdzvError::State("no round is running".into()));
+        };
+        let Some(events) = events.as_mut() else { return Err(RdzvError::StoreLost) };
+        let members: HashSet<&str> = current.members.iter().map(|m| m.id.as_str()).collect();
+        let room = current.members.len() < settings.max_nodes as usize;
+        let mut batch_until: Option<Instant> = None;
+        loop {
+            let event = match batch_until {
+                Some(t) => match tokio::time::timeout_at(t, events.recv()).await {
+                    Ok(e) => e,
+                    Err(_) => return Ok(RdzvEvent::JoinersWaiting),
+                },
+                None => events.recv().await,
+            };
+            let Some(event) = event else { return Err(RdzvError::StoreLost) };
+            let Some(rest) = event.key.strip_prefix(prefix.as_str()) else { continue };
+            match (event.kind, rest.split_once('/')) {
+                (WatchEventKind::Deleted, Some(("alive", node))) if members.contains(node) && node != me.id => {
+                    return Ok(RdzvEvent::PeerLost(node.to_string()));
+                }
+                (WatchEventKind::Written, Some(("waiting", _))) if room && batch_until.is_none() => {
+                    batch_until = Some(Instant::now() + settings.last_call_timeout);
+                }
+                (WatchEventKind::Written, None) if rest == "round" => {
+                    let raw = store.get(&format!("{prefix}round")).await?.unwrap_or_default();
+                    if parse_round(&raw).0 > current.round {
+                        return Ok(RdzvEvent::RoundChanged);
+                    }
+                }
+                (WatchEventKind::Written, None) if rest == "closed" => return Ok(RdzvEvent::Closed),
+                _ => {}
+            }
+        }
+    }
+
+    /// Publishes a value for the current round (e.g. the workers' MASTER_ADDR:PORT from group rank 0).
+    pub async fn publish(&self, name: &str, value: &[u8]) -> Result<(), RdzvError> {
+        let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
+        Ok(self.store.set(&self.key(&format!("r/{round}/{name}")), value).await?)
+    }
+
+    /// Reads a value published for the current round, waiting up to `timeout`.
+    pub async fn read_published(&self, name: &str, timeout: Duration) -> Result<Vec<u8>, RdzvError> {
+        let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
+        let key = self.key(&format!("r/{round}/{name}"));
+        if !self.store.wait(&key, timeout).await? {
+            return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+        }
+        self.store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
+    }
+
+    /// Waits (bounded) until every member of the round has finished, so the node hosting the store outlives
+    /// the others' last use of it. Errors are the caller's to log, not fatal.
+    pub async fn exit_barrier(&self) -> Result<(), RdzvError> {
+        let Some(current) = &self.current else { return Ok(()) };
+        let done = self.store.add(&self.key(&format!("r/{}/done", current.round)), 1).await?;
+        let all = self.key(&format!("r/{}/done_all", current.round));
+        if done >= i64::from(current.group_world_size) {
+            self.store.set(&all, b"1").await?;
+        }
+        if !self.store.wait(&all, self.settings.exit_barrier_timeout).await? {
+            return Err(RdzvError::State(format!(
+                "exit barrier: not every node finished within {:?}",
+                self.settings.exit_barrier_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    /// Marks the job closed: nodes still joining or waiting give up.
+    pub async fn close(&self) -> Result<(), RdzvError> {
+        Ok(self.store.set(&self.key("closed"), b"1").await?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
+        Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, pref_rank: pref }
+    }
+
+    fn settings(max: u32, strict: bool) -> Settings {
+        Settings {
+            run_id: "t".into(),
+            min_nodes: 1,
+            max_nodes: max,
+            join_timeout: Duration::from_secs(1),
+            last_call_timeout: Duration::from_secs(1),
+            exit_barrier_timeout: Duration::from_secs(1),
+            node_rank: None,
+            strict_rank: strict,
+        }
+    }
+
+    fn ids(v: &[NodeInfo]) -> Vec<&str> {
+        v.iter().map(|n| n.id.as_str()).collect()
+    }
+
+    #[test]
+    fn previous_members_keep_their_order_and_newcomers_follow() {
+        let r = vec![rec("new", 1, None, None), rec("b", 2, Some(2), None), rec("a", 3, Some(0), None)];
+        assert_eq!(ids(&assign_ranks(r, &settings(4, false)).unwrap()), ["a", "b", "new"]);
+    }
+
+    #[test]
+    fn scheduler_rank_orders_newcomers_and_max_truncates() {
+        let r = vec![rec("x", 1, None, Some(5)), rec("y", 2, None, Some(1)), rec("z", 3, None, None)];
+        assert_eq!(ids(&assign_ranks(r, &settings(2, false)).unwrap()), ["y", "x"]);
+    }
+
+    #[test]
+    fn static_ranks_must_be_exact() {
+        let ok = vec![rec("b", 1, None, Some(1)), rec("a", 2, None, Some(0))];
+        assert_eq!(ids(&assign_ranks(ok, &settings(2, true)).unwrap()), ["a", "b"]);
+        let dup = vec![rec("b", 1, None, Some(1)), rec("a", 2, None, Some(1))];
+        assert!(assign_ranks(dup, &settings(2, true)).is_err());
+    }
+
+    #[test]
+    fn round_values() {
+        assert_eq!(parse_round(b"3"), (3, None));
+        assert_eq!(parse_round(b"4/2"), (4, Some(2)));
+        assert_eq!(parse_round(b""), (0, None));
+    }
+
+    #[test]
+    fn fingerprint_differences_name_what_differs() {
+        let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into() };
+        let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into() };
+        let d = me.differences(&job).join("; ");
+        assert!(d.contains("b.py") && d.contains("--nproc-per-node 4"), "{d}");
+    }
+}

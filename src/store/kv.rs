@@ -1,0 +1,40 @@
+//! The `Store` trait: the operations the rendezvous needs from a key-value store, implemented by the TCP
+//! store client (`tcp::remote`), the in-process store (`memory`, for tests and simulations) and, later, etcd.
+//!
+//! Semantics every implementation keeps: `get` never blocks; `compare_set` sets when the current value
+//! (absent counts as empty) equals `expected` and returns the value after the call; `set_session` keys are
+//! deleted when this handle's owner goes away (its connection closes, its lease ends); `watch` delivers every
+//! later write and delete under a prefix, and its channel closes when the store is lost.
+
+use std::future::Future;
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{StoreError, WatchEvent};
+
+pub trait Store: Send + Sync + 'static {
+    fn set(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    fn get(&self, key: &str) -> impl Future<Output = Result<Option<Vec<u8>>, StoreError>> + Send;
+    fn add(&self, key: &str, delta: i64) -> impl Future<Output = Result<i64, StoreError>> + Send;
+    fn compare_set(
+        &self,
+        key: &str,
+        expected: &[u8],
+        desired: &[u8],
+    ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
+    /// Waits until `key` exists: true, or false after `timeout`.
+    fn wait(&self, key: &str, timeout: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Values of keys that exist.
+    fn multi_get(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send;
+    /// Every key under `prefix`.
+    fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+    fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// A key deleted when this handle's owner goes away.
+    fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Every write and delete under `prefix` from now on.
+    fn watch(
+        &self,
+        prefix: &str,
+    ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>> + Send;
+}
