@@ -7,7 +7,8 @@
 //!   every node expected by a re-formation has joined, or when the last call after `min` ends; the seal holds
 //!   the members in group-rank order;
 //! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
-//!   connection closes, and every member watching `alive/` learns it at once;
+//!   connection closes (or the server's TCP keepalive gives up on a vanished host); each member watches the
+//!   next two members in rank order and opens the next round when one dies, so detection costs O(1) per node;
 //! - a node that arrives after the seal registers `waiting/<node>` (session-bound) and waits; members batch
 //!   the joiners for one last-call window and open the next round once (a scale-up costs one restart);
 //! - any member opens round R+1 by compare-and-set on `round` (`"R+1/expected"`), after a local failure,
@@ -26,7 +27,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::store::{Store, StoreError, WatchEvent, WatchEventKind};
+use crate::store::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 #[derive(Debug, thiserror::Error)]
 pub enum RdzvError {
@@ -173,6 +174,8 @@ pub struct Rendezvous<S: Store> {
     prefix: String,
     prev_rank: Option<u32>,
     current: Option<RoundInfo>,
+    /// An event found while setting up the watch, delivered first.
+    pending: Option<RdzvEvent>,
     /// The round counter's value when the current round started.
     round_raw: Vec<u8>,
     events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
@@ -189,6 +192,7 @@ impl<S: Store> Rendezvous<S> {
             prefix,
             prev_rank: None,
             current: None,
+            pending: None,
             round_raw: Vec::new(),
             events: None,
         }
@@ -218,8 +222,6 @@ impl<S: Store> Rendezvous<S> {
                 return Err(RdzvError::Mismatch(diff.join("; ")));
             }
         }
-        // Watch before anything else so no change is missed.
-        self.events = Some(self.store.watch(&self.prefix).await?);
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
         Ok(())
     }
@@ -265,6 +267,7 @@ impl<S: Store> Rendezvous<S> {
                         self.prev_rank = Some(info.group_rank);
                         self.round_raw = raw;
                         self.current = Some(info.clone());
+                        self.watch_round(&info).await?;
                         tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
                         return Ok(info);
                     }
@@ -299,6 +302,38 @@ impl<S: Store> Rendezvous<S> {
                 self.store.wait(&sealed_key, wake.saturating_duration_since(now)).await?;
             }
         }
+    }
+
+    /// Watches what can end this round, at O(1) per node: the round counter, `closed`, the waiting list, and
+    /// the liveness of the next two members in rank order (a ring: each member is watched by two others, and
+    /// whoever sees a death opens the next round, which every member sees). Then re-reads them, so a change
+    /// between the seal and the watch is not missed.
+    async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
+        let n = info.members.len();
+        let neighbours: Vec<&NodeInfo> = (1..n.min(3))
+            .map(|d| &info.members[(info.group_rank as usize + d) % n])
+            .filter(|m| m.id != self.me.id)
+            .collect();
+        let mut targets = vec![
+            WatchTarget::Key(self.key("round")),
+            WatchTarget::Key(self.key("closed")),
+            WatchTarget::Prefix(self.key("waiting/")),
+        ];
+        targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
+        self.events = Some(self.store.watch(&targets).await?);
+        self.pending = None;
+        for m in &neighbours {
+            if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
+                self.pending = Some(RdzvEvent::PeerLost(m.id.clone()));
+            }
+        }
+        if self.read_round().await?.1 > info.round {
+            self.pending = Some(RdzvEvent::RoundChanged);
+        }
+        if self.closed().await? {
+            self.pending = Some(RdzvEvent::Closed);
+        }
+        Ok(())
     }
 
     fn round_info(&self, round: u64, seal: &Seal) -> Option<RoundInfo> {
@@ -391,6 +426,9 @@ impl<S: Store> Rendezvous<S> {
     /// Waits for the next event that ends the running round. Joiners are batched for one last-call window,
     /// so a trickle of them costs one re-formation. Cancel-safe: events stay queued in the channel.
     pub async fn next_event(&mut self) -> Result<RdzvEvent, RdzvError> {
+        if let Some(event) = self.pending.take() {
+            return Ok(event);
+        }
         let Rendezvous { store, settings, me, prefix, current, events, .. } = self;
         let Some(current) = current.as_ref() else {
             return Err(RdzvError::State("no round is running".into()));

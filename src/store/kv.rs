@@ -4,14 +4,14 @@
 //! Semantics every implementation keeps: `get` never blocks; `compare_set` sets when the current value
 //! (absent counts as empty) equals `expected` and returns the value after the call; `set_session` keys are
 //! deleted when this handle's owner goes away (its connection closes, its lease ends); `watch` delivers every
-//! later write and delete under a prefix, and its channel closes when the store is lost.
+//! later write and delete of its keys and prefixes, and its channel closes when the store is lost.
 
 use std::future::Future;
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{StoreError, WatchEvent};
+use super::{StoreError, WatchEvent, WatchTarget};
 
 pub trait Store: Send + Sync + 'static {
     fn set(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -32,9 +32,10 @@ pub trait Store: Send + Sync + 'static {
     fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// A key deleted when this handle's owner goes away.
     fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// Every write and delete under `prefix` from now on.
+    /// Every later write and delete of the given keys and prefixes, on one channel; dropping the receiver
+    /// ends the watch.
     fn watch(
         &self,
-        prefix: &str,
+        targets: &[WatchTarget],
     ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>> + Send;
 }

@@ -7,21 +7,25 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 
-use super::{Store, StoreError, WatchEvent, WatchEventKind};
+use super::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 #[derive(Default)]
 struct Inner {
     data: BTreeMap<String, Vec<u8>>,
     /// Session keys by owning handle.
     sessions: HashMap<u64, Vec<String>>,
-    watchers: Vec<(String, mpsc::UnboundedSender<WatchEvent>)>,
+    watchers: Vec<(Vec<WatchTarget>, mpsc::UnboundedSender<WatchEvent>)>,
     next_handle: u64,
 }
 
 impl Inner {
     fn notify(&mut self, kind: WatchEventKind, key: &str) {
-        self.watchers.retain(|(prefix, tx)| {
-            !key.starts_with(prefix.as_str()) || tx.send(WatchEvent { kind, key: key.to_string() }).is_ok()
+        let matches = |t: &WatchTarget| match t {
+            WatchTarget::Key(k) => k == key,
+            WatchTarget::Prefix(p) => key.starts_with(p.as_str()),
+        };
+        self.watchers.retain(|(targets, tx)| {
+            !targets.iter().any(matches) || tx.send(WatchEvent { kind, key: key.to_string() }).is_ok()
         });
     }
 
@@ -158,9 +162,9 @@ impl Store for MemoryHandle {
         Ok(())
     }
 
-    async fn watch(&self, prefix: &str) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+    async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        self.store.lock().watchers.push((prefix.to_string(), tx));
+        self.store.lock().watchers.push((targets.to_vec(), tx));
         Ok(rx)
     }
 }

@@ -9,5 +9,5 @@ pub mod tcp;
 
 pub use error::StoreError;
 pub use kv::Store;
-pub use tcp::{WatchEvent, WatchEventKind};
+pub use tcp::{WatchEvent, WatchEventKind, WatchTarget};
 pub use standalone::{run_standalone, store_main};

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Mutex};
 
-use super::tcp::{Client, WatchTarget};
-use super::{Store, StoreError, WatchEvent};
+use super::tcp::Client;
+use super::{Store, StoreError, WatchEvent, WatchTarget};
 
 pub struct RemoteStore {
     client: Mutex<Client>,
@@ -79,24 +79,34 @@ impl Store for RemoteStore {
         self.client.lock().await.set_session(key, value).await
     }
 
-    async fn watch(&self, prefix: &str) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+    async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        let Some((first, rest)) = targets.split_first() else {
+            return Ok(mpsc::unbounded_channel().1);
+        };
         let client = Client::connect(self.addr, self.timeout).await?;
-        let mut watcher = client.watch(WatchTarget::Prefix(prefix.to_string())).await?;
+        let mut watcher = client.watch(first.clone()).await?;
+        for target in rest {
+            watcher.watch(target.clone()).await?;
+        }
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             loop {
-                match watcher.next_event(Duration::from_secs(3600)).await {
-                    Ok(Some(event)) => {
-                        if tx.send(event).is_err() {
+                tokio::select! {
+                    // The owner dropped the receiver: close this connection.
+                    () = tx.closed() => return,
+                    event = watcher.next_event(Duration::from_secs(3600)) => match event {
+                        Ok(Some(event)) => {
+                            if tx.send(event).is_err() {
+                                return;
+                            }
+                        }
+                        Ok(None) => {}
+                        // The channel closing tells the owner the store is gone.
+                        Err(e) => {
+                            tracing::debug!("watch connection ended: {e}");
                             return;
                         }
-                    }
-                    Ok(None) => {}
-                    // The channel closing tells the owner the store is gone.
-                    Err(e) => {
-                        tracing::debug!("watch connection ended: {e}");
-                        return;
-                    }
+                    },
                 }
             }
         });
