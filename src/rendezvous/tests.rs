@@ -1,0 +1,265 @@
+//! The rendezvous: pure rank assignment, then one shared suite run against every `Store` (design invariant 3):
+//! the in-memory store and muster's TCP store over loopback.
+
+use super::*;
+
+fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
+    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, pref_rank: pref }
+}
+
+fn settings(max: u32, strict: bool) -> Settings {
+    Settings {
+        run_id: "t".into(),
+        min_nodes: 1,
+        max_nodes: max,
+        join_timeout: Duration::from_secs(1),
+        last_call_timeout: Duration::from_secs(1),
+        exit_barrier_timeout: Duration::from_secs(1),
+        node_rank: None,
+        strict_rank: strict,
+    }
+}
+
+fn ids(v: &[NodeInfo]) -> Vec<&str> {
+    v.iter().map(|n| n.id.as_str()).collect()
+}
+
+#[test]
+fn previous_members_keep_their_order_and_newcomers_follow() {
+    let r = vec![rec("new", 1, None, None), rec("b", 2, Some(2), None), rec("a", 3, Some(0), None)];
+    assert_eq!(ids(&assign_ranks(r, &settings(4, false)).unwrap()), ["a", "b", "new"]);
+}
+
+#[test]
+fn scheduler_rank_orders_newcomers_and_max_truncates() {
+    let r = vec![rec("x", 1, None, Some(5)), rec("y", 2, None, Some(1)), rec("z", 3, None, None)];
+    assert_eq!(ids(&assign_ranks(r, &settings(2, false)).unwrap()), ["y", "x"]);
+}
+
+#[test]
+fn static_ranks_must_be_exact() {
+    let ok = vec![rec("b", 1, None, Some(1)), rec("a", 2, None, Some(0))];
+    assert_eq!(ids(&assign_ranks(ok, &settings(2, true)).unwrap()), ["a", "b"]);
+    let dup = vec![rec("b", 1, None, Some(1)), rec("a", 2, None, Some(1))];
+    assert!(assign_ranks(dup, &settings(2, true)).is_err());
+}
+
+#[test]
+fn round_values() {
+    assert_eq!(parse_round(b"3"), (3, None));
+    assert_eq!(parse_round(b"4/2"), (4, Some(2)));
+    assert_eq!(parse_round(b""), (0, None));
+}
+
+#[test]
+fn fingerprint_differences_name_what_differs() {
+    let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into() };
+    let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into() };
+    let d = me.differences(&job).join("; ");
+    assert!(d.contains("b.py") && d.contains("--nproc-per-node 4"), "{d}");
+}
+
+mod shared {
+    use std::future::Future;
+    use std::net::SocketAddr;
+    use std::pin::Pin;
+
+    use super::*;
+    use crate::store::memory::MemoryStore;
+    use crate::store::remote::RemoteStore;
+    use crate::store::tcp::{Server, ServerConfig};
+
+    /// Connects one more agent to the store under test.
+    trait Backend: Send + Sync + 'static {
+        type S: Store;
+        fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>>;
+    }
+
+    struct Memory(MemoryStore);
+
+    impl Backend for Memory {
+        type S = crate::store::memory::MemoryHandle;
+        fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
+            Box::pin(async move { self.0.handle() })
+        }
+    }
+
+    struct Tcp(Server);
+
+    impl Backend for Tcp {
+        type S = RemoteStore;
+        fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
+            let addr = SocketAddr::from(([127, 0, 0, 1], self.0.port()));
+            Box::pin(async move {
+                RemoteStore::connect(addr, Duration::from_secs(5), Duration::from_secs(10)).await.expect("connect")
+            })
+        }
+    }
+
+    fn settings(min: u32, max: u32) -> Settings {
+        Settings {
+            run_id: "suite".into(),
+            min_nodes: min,
+            max_nodes: max,
+            join_timeout: Duration::from_secs(10),
+            last_call_timeout: Duration::from_millis(300),
+            exit_barrier_timeout: Duration::from_secs(5),
+            node_rank: None,
+            strict_rank: false,
+        }
+    }
+
+    fn fingerprint(script: &str) -> Fingerprint {
+        Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into() }
+    }
+
+    async fn agent<B: Backend>(b: &B, id: &str, nproc: u32, s: Settings) -> Rendezvous<B::S> {
+        let me = NodeInfo { id: id.into(), addr: "127.0.0.1".into(), nproc };
+        let mut r = Rendezvous::new(b.connect().await, s, me, fingerprint("train.py"));
+        r.register().await.expect("register");
+        r
+    }
+
+    /// Every agent joins concurrently; returns them with their rounds.
+    async fn join_all<S: Store>(agents: Vec<Rendezvous<S>>) -> Vec<(Rendezvous<S>, RoundInfo)> {
+        let tasks: Vec<_> = agents
+            .into_iter()
+            .map(|mut a| {
+                tokio::spawn(async move {
+                    let info = a.next_round().await.expect("round");
+                    (a, info)
+                })
+            })
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.expect("join task"));
+        }
+        out
+    }
+
+    async fn forms_a_round_with_prefix_sum_ranks<B: Backend>(b: B) {
+        let mut agents = Vec::new();
+        for (i, nproc) in [1, 2, 3].into_iter().enumerate() {
+            agents.push(agent(&b, &format!("n{i}"), nproc, settings(2, 3)).await);
+        }
+        let joined = join_all(agents).await;
+        let mut by_rank: Vec<&RoundInfo> = joined.iter().map(|(_, i)| i).collect();
+        by_rank.sort_by_key(|i| i.group_rank);
+        assert_eq!(by_rank.iter().map(|i| i.group_rank).collect::<Vec<_>>(), [0, 1, 2]);
+        let mut base = 0;
+        for info in by_rank {
+            assert_eq!(info.group_world_size, 3);
+            assert_eq!(info.world_size, 6);
+            assert_eq!(info.base_global_rank, base, "prefix sum of nproc in group-rank order");
+            base += info.members[info.group_rank as usize].nproc;
+        }
+    }
+
+    async fn seals_after_the_last_call_with_min_nodes<B: Backend>(b: B) {
+        let agents = vec![agent(&b, "a", 1, settings(2, 4)).await, agent(&b, "b", 1, settings(2, 4)).await];
+        let joined = join_all(agents).await;
+        assert!(joined.iter().all(|(_, i)| i.group_world_size == 2));
+    }
+
+    async fn a_lost_peer_is_seen_and_the_group_reforms<B: Backend>(b: B) {
+        let agents = vec![
+            agent(&b, "a", 1, settings(1, 3)).await,
+            agent(&b, "b", 1, settings(1, 3)).await,
+            agent(&b, "c", 1, settings(1, 3)).await,
+        ];
+        let mut joined = join_all(agents).await;
+        joined.sort_by_key(|(_, i)| i.group_rank);
+        let before: Vec<String> = joined.iter().map(|(a, _)| a.me().id.clone()).collect();
+        // The middle agent's process dies: its connection (and session key) goes with it.
+        let (dead, _) = joined.remove(1);
+        drop(dead);
+        // Its ring predecessor sees the loss and opens the next round; the other sees the round change.
+        let mut seen = Vec::new();
+        for (a, _) in joined.iter_mut() {
+            let event = tokio::time::timeout(Duration::from_secs(5), a.next_event()).await.expect("event").expect("ok");
+            if matches!(event, RdzvEvent::PeerLost(_)) {
+                a.open_next_round().await.expect("open");
+            }
+            seen.push(event);
+        }
+        assert!(seen.contains(&RdzvEvent::PeerLost(before[1].clone())), "{seen:?}");
+        let survivors: Vec<_> = joined.into_iter().map(|(a, _)| a).collect();
+        let again = join_all(survivors).await;
+        for (a, info) in &again {
+            assert_eq!(info.group_world_size, 2);
+            let old = before.iter().position(|id| *id == a.me().id).expect("was a member");
+            assert_eq!(info.group_rank as usize, if old == 0 { 0 } else { 1 }, "order kept, ranks compacted");
+        }
+    }
+
+    async fn a_late_node_waits_then_joins_the_next_round<B: Backend>(b: B) {
+        let agents = vec![agent(&b, "a", 1, settings(2, 3)).await, agent(&b, "b", 1, settings(2, 3)).await];
+        let mut joined = join_all(agents).await;
+        let mut late = agent(&b, "late", 1, settings(2, 3)).await;
+        let late_task = tokio::spawn(async move {
+            let info = late.next_round().await.expect("late round");
+            (late, info)
+        });
+        for (a, _) in joined.iter_mut() {
+            let e = tokio::time::timeout(Duration::from_secs(5), a.next_event()).await.expect("event").expect("ok");
+            assert!(matches!(e, RdzvEvent::JoinersWaiting | RdzvEvent::RoundChanged), "{e:?}");
+            a.open_next_round().await.expect("open");
+        }
+        let members: Vec<_> = joined.into_iter().map(|(a, _)| a).collect();
+        let again = join_all(members).await;
+        let (_, late_info) = late_task.await.expect("late task");
+        assert_eq!(late_info.group_world_size, 3);
+        assert_eq!(late_info.group_rank, 2, "newcomers are appended");
+        assert!(again.iter().all(|(_, i)| i.round == late_info.round));
+    }
+
+    async fn a_different_launch_is_refused<B: Backend>(b: B) {
+        let _first = agent(&b, "a", 1, settings(1, 2)).await;
+        let me = NodeInfo { id: "b".into(), addr: "h".into(), nproc: 1 };
+        let mut other = Rendezvous::new(b.connect().await, settings(1, 2), me, fingerprint("other.py"));
+        let err = other.register().await.expect_err("mismatch");
+        assert!(err.to_string().contains("other.py") && err.to_string().contains("train.py"), "{err}");
+    }
+
+    async fn too_few_nodes_time_out_and_closed_jobs_refuse<B: Backend>(b: B) {
+        let mut s = settings(2, 2);
+        s.join_timeout = Duration::from_millis(500);
+        let mut lonely = agent(&b, "a", 1, s).await;
+        let err = lonely.next_round().await.expect_err("timeout");
+        assert!(matches!(err, RdzvError::Timeout { joined: 1, min: 2, .. }), "{err}");
+        lonely.close().await.expect("close");
+        let mut late = agent(&b, "b", 1, settings(1, 2)).await;
+        assert!(matches!(late.next_round().await, Err(RdzvError::Closed(_))));
+    }
+
+    async fn tcp() -> Tcp {
+        Tcp(Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind"))
+    }
+
+    fn memory() -> Memory {
+        Memory(MemoryStore::new())
+    }
+
+    macro_rules! suite {
+        ($($name:ident),*) => {
+            mod memory_store {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::memory()).await })*
+            }
+            mod tcp_store {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::tcp().await).await })*
+            }
+        };
+    }
+
+    suite!(
+        forms_a_round_with_prefix_sum_ranks,
+        seals_after_the_last_call_with_min_nodes,
+        a_lost_peer_is_seen_and_the_group_reforms,
+        a_late_node_waits_then_joins_the_next_round,
+        a_different_launch_is_refused,
+        too_few_nodes_time_out_and_closed_jobs_refuse
+    );
+}
