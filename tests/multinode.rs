@@ -360,3 +360,33 @@ fn a_killed_store_host_fails_every_agent_clearly_and_leaves_no_orphan() {
     let pids: Vec<i32> = world.iter().map(|s| s.pid).collect();
     assert!(eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))), "orphans: {pids:?}");
 }
+
+#[test]
+fn static_rendezvous_uses_node_ranks_and_the_master_port() {
+    let dir = tempfile::tempdir().unwrap();
+    // Static needs a port known to every node in advance, as with torchrun's --master-port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let args = |rank: u32| -> Vec<String> {
+        vec![
+            "--nnodes=2".into(),
+            "--nproc-per-node=2".into(),
+            "--rdzv-backend=static".into(),
+            format!("--node-rank={rank}"),
+            "--master-addr=127.0.0.1".into(),
+            format!("--master-port={port}"),
+            fixture("elastic_worker.py").display().to_string(),
+            dir.path().display().to_string(),
+        ]
+    };
+    // Node 1 first: it waits for node 0, which hosts the store on the master port.
+    let mut b = Agent::start("b", dir.path(), &args(1));
+    let mut a = Agent::start("a", dir.path(), &args(0));
+    let world = wait_world(dir.path(), 4, 4);
+    for s in &world {
+        assert_eq!(s.group_rank, if s.node == "a" { 0 } else { 1 }, "GROUP_RANK is --node-rank: {s:?}");
+        assert_eq!(s.rank, s.group_rank * 2 + s.local_rank);
+    }
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+}
