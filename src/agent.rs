@@ -195,6 +195,15 @@ impl WorkerStore {
     }
 }
 
+/// Marks the rendezvous closed (on success or final failure, never on a signal), within `close_timeout`.
+async fn close<S: crate::store::Store>(rendezvous: &rdzv::Rendezvous<S>, timeout: std::time::Duration) {
+    match tokio::time::timeout(timeout, rendezvous.close()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => tracing::warn!("cannot close the rendezvous: {e}"),
+        Err(_) => tracing::warn!("cannot close the rendezvous within close_timeout ({timeout:?})"),
+    }
+}
+
 /// Runs the job on this node until it succeeds, fails for good, or is stopped by a signal.
 pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, AgentError> {
     let mut signals = crate::signals::install(&cfg.signals).map_err(AgentError::Signals)?;
@@ -216,6 +225,9 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
         join_timeout: cfg.conf_duration("join_timeout", 600.0),
         last_call_timeout: cfg.conf_duration("last_call_timeout", 30.0),
         exit_barrier_timeout: cfg.conf_duration("exit_barrier_timeout", 300.0),
+        keep_alive_interval: cfg.conf_duration("keep_alive_interval", 5.0),
+        keep_alive_max_attempt: cfg.rdzv_conf.get("keep_alive_max_attempt").and_then(|v| v.parse().ok()).unwrap_or(3),
+        heartbeat_timeout: cfg.conf_duration("heartbeat_timeout", 5.0),
         node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
         strict_rank: static_rdzv,
     };
@@ -333,9 +345,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 if let Err(e) = rendezvous.exit_barrier().await {
                     tracing::warn!("{e}");
                 }
-                if let Err(e) = rendezvous.close().await {
-                    tracing::warn!("cannot close the rendezvous: {e}");
-                }
+                close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
                 machine.go(State::Succeeded, json!({}));
                 return Ok(Outcome::Succeeded);
             }
@@ -358,9 +368,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 );
             }
             GroupOutcome::Failed(failures) => {
-                if let Err(e) = rendezvous.close().await {
-                    tracing::warn!("cannot close the rendezvous: {e}");
-                }
+                close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
                 machine.go(State::Failed, json!({ "failures": failures.len() }));
                 return Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures });
             }

@@ -270,6 +270,9 @@ pub fn parse_rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, ConfigError>
                 RDZV_CONF_KEYS.join(", ")
             )));
         }
+        if k == "keep_alive_max_attempt" && !v.parse::<u32>().is_ok_and(|n| n > 0) {
+            return Err(bad(format!("'--rdzv-conf {k}={v}': must be an integer > 0")));
+        }
         if k.ends_with("_timeout") || k == "keep_alive_interval" {
             match v.parse::<f64>() {
                 Ok(x) if x > 0.0 && x.is_finite() => {}

@@ -390,3 +390,22 @@ fn static_rendezvous_uses_node_ranks_and_the_master_port() {
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
 }
+
+#[test]
+fn a_stopped_agent_is_evicted_by_heartbeat_and_the_others_reform() {
+    let job = Job::new();
+    let conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2";
+    let mut agents = job.start(&["a", "b", "c"], "2:3", 1, conf, &[]);
+    wait_world(job.path(), 3, 3);
+    // SIGSTOP: the agent hangs with its store connection open, so only missing heartbeats reveal it.
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[2].guard.pid(), libc::SIGSTOP) };
+    let after = wait_world(job.path(), 2, 2);
+    assert!(after.iter().all(|s| s.node != "c" && s.restart_count == 0), "{after:?}");
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[2].guard.pid(), libc::SIGKILL) };
+    job.finish();
+    for a in &mut agents[..2] {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}

@@ -9,6 +9,8 @@
 //! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
 //!   connection closes (or the server's TCP keepalive gives up on a vanished host); each member watches the
 //!   next two members in rank order and opens the next round when one dies, so detection costs O(1) per node;
+//! - heartbeats (`hb/<node>`, one write per agent per `keep_alive_interval`) catch an agent that hangs or is
+//!   stopped with its connection open: its ring neighbours evict it after `keep_alive_max_attempt` periods;
 //! - a node that arrives after the seal registers `waiting/<node>` (session-bound) and waits; members batch
 //!   the joiners for one last-call window and open the next round once (a scale-up costs one restart);
 //! - any member opens round R+1 by compare-and-set on `round` (`"R+1/expected"`), after a local failure,
@@ -21,6 +23,7 @@
 //! Keys live under `muster/<run_id>/`.
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -57,6 +60,12 @@ pub struct Settings {
     pub join_timeout: Duration,
     pub last_call_timeout: Duration,
     pub exit_barrier_timeout: Duration,
+    /// Heartbeat period; a neighbour whose heartbeat did not change for `keep_alive_max_attempt` periods is
+    /// evicted (torch: 5 s × 3).
+    pub keep_alive_interval: Duration,
+    pub keep_alive_max_attempt: u32,
+    /// Deadline for one heartbeat write.
+    pub heartbeat_timeout: Duration,
     /// A scheduler-given rank: honoured among newcomers; with `strict_rank` it *is* the group rank (static).
     pub node_rank: Option<u32>,
     pub strict_rank: bool,
@@ -167,13 +176,18 @@ fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Nod
 
 /// One agent's side of the rendezvous.
 pub struct Rendezvous<S: Store> {
-    store: S,
+    store: Arc<S>,
     settings: Settings,
     me: NodeInfo,
     fingerprint: Fingerprint,
     prefix: String,
     prev_rank: Option<u32>,
     current: Option<RoundInfo>,
+    /// Writes `hb/<me>` every `keep_alive_interval` for the agent's lifetime (aborted on drop).
+    heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// The members whose liveness this node checks, with their last heartbeat and how many checks it has
+    /// not changed.
+    neighbours: Vec<(String, Option<Vec<u8>>, u32)>,
     /// An event found while setting up the watch, delivered first.
     pending: Option<RdzvEvent>,
     /// The round counter's value when the current round started.
@@ -185,7 +199,9 @@ impl<S: Store> Rendezvous<S> {
     pub fn new(store: S, settings: Settings, me: NodeInfo, fingerprint: Fingerprint) -> Self {
         let prefix = format!("muster/{}/", settings.run_id);
         Rendezvous {
-            store,
+            store: Arc::new(store),
+            heartbeat: None,
+            neighbours: Vec::new(),
             settings,
             me,
             fingerprint,
@@ -205,6 +221,27 @@ impl<S: Store> Rendezvous<S> {
     pub fn store(&self) -> &S {
         &self.store
     }
+}
+
+#[cfg(test)]
+impl<S: Store> Rendezvous<S> {
+    /// Simulates a hung agent: heartbeats stop, the connection stays open.
+    fn stop_heartbeat(&mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+    }
+}
+
+impl<S: Store> Drop for Rendezvous<S> {
+    fn drop(&mut self) {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+    }
+}
+
+impl<S: Store> Rendezvous<S> {
 
     pub fn me(&self) -> &NodeInfo {
         &self.me
@@ -223,6 +260,20 @@ impl<S: Store> Rendezvous<S> {
             }
         }
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
+        let write_timeout = self.settings.heartbeat_timeout;
+        self.heartbeat = Some(tokio::spawn(async move {
+            let mut beat: u64 = 0;
+            loop {
+                beat += 1;
+                match tokio::time::timeout(write_timeout, store.set(&key, beat.to_string().as_bytes())).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("heartbeat write failed: {e}"),
+                    Err(_) => tracing::warn!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"),
+                }
+                tokio::time::sleep(every).await;
+            }
+        }));
         Ok(())
     }
 
@@ -247,6 +298,8 @@ impl<S: Store> Rendezvous<S> {
                 return Err(RdzvError::Closed(self.settings.run_id.clone()));
             }
             let (raw, round, expected) = self.read_round().await?;
+            // Again each round: a node evicted for missing heartbeats (stopped, not dead) rejoins as alive.
+            self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
             let slot = self.store.add(&self.key(&format!("r/{round}/slot")), 1).await?;
             let record = Record {
                 node: self.me.clone(),
@@ -321,6 +374,7 @@ impl<S: Store> Rendezvous<S> {
         ];
         targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
         self.events = Some(self.store.watch(&targets).await?);
+        self.neighbours = neighbours.iter().map(|m| (m.id.clone(), None, 0)).collect();
         self.pending = None;
         for m in &neighbours {
             if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
@@ -429,7 +483,7 @@ impl<S: Store> Rendezvous<S> {
         if let Some(event) = self.pending.take() {
             return Ok(event);
         }
-        let Rendezvous { store, settings, me, prefix, current, events, .. } = self;
+        let Rendezvous { store, settings, me, prefix, current, events, neighbours, .. } = self;
         let Some(current) = current.as_ref() else {
             return Err(RdzvError::State("no round is running".into()));
         };
@@ -437,13 +491,37 @@ impl<S: Store> Rendezvous<S> {
         let members: HashSet<&str> = current.members.iter().map(|m| m.id.as_str()).collect();
         let room = current.members.len() < settings.max_nodes as usize;
         let mut batch_until: Option<Instant> = None;
+        let mut check = tokio::time::interval(settings.keep_alive_interval);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            let event = match batch_until {
-                Some(t) => match tokio::time::timeout_at(t, events.recv()).await {
-                    Ok(e) => e,
-                    Err(_) => return Ok(RdzvEvent::JoinersWaiting),
-                },
-                None => events.recv().await,
+            let batch = async {
+                match batch_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = tokio::select! {
+                e = events.recv() => e,
+                () = batch => return Ok(RdzvEvent::JoinersWaiting),
+                _ = check.tick() => {
+                    // A neighbour whose heartbeat stopped (a hung or stopped agent, whose connection may
+                    // stay open) is evicted: deleting its liveness key tells its other watcher too.
+                    for (id, last, stale) in neighbours.iter_mut() {
+                        let beat = store.get(&format!("{prefix}hb/{id}")).await?;
+                        if beat.is_some() && beat == *last {
+                            *stale += 1;
+                        } else {
+                            *stale = 0;
+                            *last = beat;
+                        }
+                        if *stale >= settings.keep_alive_max_attempt {
+                            tracing::warn!(node = %id, "no heartbeat for {} checks; evicting it", *stale);
+                            store.delete(&format!("{prefix}alive/{id}")).await?;
+                            return Ok(RdzvEvent::PeerLost(id.clone()));
+                        }
+                    }
+                    continue;
+                }
             };
             let Some(event) = event else { return Err(RdzvError::StoreLost) };
             let Some(rest) = event.key.strip_prefix(prefix.as_str()) else { continue };

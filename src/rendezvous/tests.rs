@@ -15,6 +15,9 @@ fn settings(max: u32, strict: bool) -> Settings {
         join_timeout: Duration::from_secs(1),
         last_call_timeout: Duration::from_secs(1),
         exit_barrier_timeout: Duration::from_secs(1),
+        keep_alive_interval: Duration::from_secs(1),
+        keep_alive_max_attempt: 3,
+        heartbeat_timeout: Duration::from_secs(1),
         node_rank: None,
         strict_rank: strict,
     }
@@ -104,6 +107,9 @@ mod shared {
             join_timeout: Duration::from_secs(10),
             last_call_timeout: Duration::from_millis(300),
             exit_barrier_timeout: Duration::from_secs(5),
+            keep_alive_interval: Duration::from_millis(200),
+            keep_alive_max_attempt: 3,
+            heartbeat_timeout: Duration::from_secs(1),
             node_rank: None,
             strict_rank: false,
         }
@@ -193,6 +199,19 @@ mod shared {
         }
     }
 
+    async fn a_hung_peer_is_evicted_by_its_neighbours<B: Backend>(b: B) {
+        let agents = vec![agent(&b, "a", 1, settings(1, 2)).await, agent(&b, "b", 1, settings(1, 2)).await];
+        let mut joined = join_all(agents).await;
+        let (mut hung, _) = joined.pop().expect("two agents");
+        hung.stop_heartbeat();
+        let (mut a, _) = joined.pop().expect("two agents");
+        let event = tokio::time::timeout(Duration::from_secs(5), a.next_event()).await.expect("evicted in time");
+        assert_eq!(event.expect("ok"), RdzvEvent::PeerLost(hung.me().id.clone()));
+        a.open_next_round().await.expect("open");
+        let again = a.next_round().await.expect("re-formed alone");
+        assert_eq!(again.group_world_size, 1);
+    }
+
     async fn a_late_node_waits_then_joins_the_next_round<B: Backend>(b: B) {
         let agents = vec![agent(&b, "a", 1, settings(2, 3)).await, agent(&b, "b", 1, settings(2, 3)).await];
         let mut joined = join_all(agents).await;
@@ -258,6 +277,7 @@ mod shared {
         forms_a_round_with_prefix_sum_ranks,
         seals_after_the_last_call_with_min_nodes,
         a_lost_peer_is_seen_and_the_group_reforms,
+        a_hung_peer_is_evicted_by_its_neighbours,
         a_late_node_waits_then_joins_the_next_round,
         a_different_launch_is_refused,
         too_few_nodes_time_out_and_closed_jobs_refuse
