@@ -324,7 +324,7 @@ impl<S: Store> Rendezvous<S> {
                         tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
                         return Ok(info);
                     }
-                    self.wait_as_spare(round, deadline).await?;
+                    self.wait_as_spare(round).await?;
                     continue 'rounds;
                 }
                 if self.read_round().await?.1 != round {
@@ -439,7 +439,7 @@ impl<S: Store> Rendezvous<S> {
 
     /// Not in the sealed round: a spare until the members open the next one (no timeout while the job is at
     /// its maximum size, as torch's redundancy list).
-    async fn wait_as_spare(&mut self, round: u64, deadline: Instant) -> Result<(), RdzvError> {
+    async fn wait_as_spare(&mut self, round: u64) -> Result<(), RdzvError> {
         self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), b"1").await?;
         let open = self.key(&format!("r/{}/open", round + 1));
         tracing::info!(round, "the round is full or already sealed; waiting for the next one");
@@ -450,7 +450,6 @@ impl<S: Store> Rendezvous<S> {
             if self.store.wait(&open, Duration::from_secs(1)).await? {
                 return Ok(());
             }
-            let _ = deadline;
         }
     }
 
