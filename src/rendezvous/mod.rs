@@ -403,6 +403,12 @@ impl<S: Store> Rendezvous<S> {
         })
     }
 
+    /// Ids of the agents whose liveness key exists.
+    async fn alive_nodes(&self) -> Result<HashSet<String>, RdzvError> {
+        let keys = self.store.list(&self.key("alive/")).await?;
+        Ok(keys.into_iter().filter_map(|k| k.rsplit('/').next().map(str::to_string)).collect())
+    }
+
     /// Seals `round` if this node wins the sealer counter.
     async fn try_seal(&self, round: u64) -> Result<(), RdzvError> {
         let lock = self.key(&format!("r/{round}/sealer"));
@@ -411,13 +417,7 @@ impl<S: Store> Rendezvous<S> {
         }
         let member_prefix = self.key(&format!("r/{round}/m/"));
         let keys = self.store.list(&member_prefix).await?;
-        let alive: HashSet<String> = self
-            .store
-            .list(&self.key("alive/"))
-            .await?
-            .into_iter()
-            .filter_map(|k| k.rsplit('/').next().map(str::to_string))
-            .collect();
+        let alive = self.alive_nodes().await?;
         let values = self.store.multi_get(&keys).await?;
         let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
         for v in values {
@@ -457,13 +457,7 @@ impl<S: Store> Rendezvous<S> {
     /// idempotent across members (compare-and-set on the round counter).
     pub async fn open_next_round(&self) -> Result<(), RdzvError> {
         let Some(current) = &self.current else { return Ok(()) };
-        let alive: HashSet<String> = self
-            .store
-            .list(&self.key("alive/"))
-            .await?
-            .into_iter()
-            .filter_map(|k| k.rsplit('/').next().map(str::to_string))
-            .collect();
+        let alive = self.alive_nodes().await?;
         let waiting = self.store.list(&self.key("waiting/")).await?.len();
         let members = current.members.iter().filter(|m| alive.contains(&m.id)).count();
         let expected = (members + waiting).min(self.settings.max_nodes as usize);
