@@ -352,7 +352,7 @@ impl<S: Store> Rendezvous<S> {
                 }
                 // Sleep on the seal; wake to re-check the count at the last call, or every second.
                 let wake = last_call.unwrap_or(now + Duration::from_secs(1)).min(deadline);
-                self.store.wait(&sealed_key, wake.saturating_duration_since(now)).await?;
+                self.wait_key(&sealed_key, wake.saturating_duration_since(now)).await?;
             }
         }
     }
@@ -401,6 +401,21 @@ impl<S: Store> Rendezvous<S> {
             world_size: seal.members.iter().map(|m| m.nproc).sum(),
             members: seal.members.clone(),
         })
+    }
+
+    /// Waits for `key` in slices of at most a second: the connection is shared with the heartbeat task,
+    /// which must not be starved by a long wait (a finished node in the exit barrier keeps beating).
+    async fn wait_key(&self, key: &str, timeout: Duration) -> Result<bool, RdzvError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let slice = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
+            if self.store.wait(key, slice).await? {
+                return Ok(true);
+            }
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+        }
     }
 
     /// Ids of the agents whose liveness key exists.
@@ -547,7 +562,7 @@ impl<S: Store> Rendezvous<S> {
     pub async fn read_published(&self, name: &str, timeout: Duration) -> Result<Vec<u8>, RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        if !self.store.wait(&key, timeout).await? {
+        if !self.wait_key(&key, timeout).await? {
             return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
         }
         self.store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
@@ -562,7 +577,7 @@ impl<S: Store> Rendezvous<S> {
         if done >= i64::from(current.group_world_size) {
             self.store.set(&all, b"1").await?;
         }
-        if !self.store.wait(&all, self.settings.exit_barrier_timeout).await? {
+        if !self.wait_key(&all, self.settings.exit_barrier_timeout).await? {
             return Err(RdzvError::State(format!(
                 "exit barrier: not every node finished within {:?}",
                 self.settings.exit_barrier_timeout
