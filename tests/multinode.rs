@@ -409,3 +409,19 @@ fn a_stopped_agent_is_evicted_by_heartbeat_and_the_others_reform() {
         assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     }
 }
+
+#[test]
+fn a_node_that_finishes_first_waits_for_the_others_without_disturbing_them() {
+    let job = Job::new();
+    let conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2";
+    let mut agents = job.start(&["a", "b"], "1:2", 1, conf, &[]);
+    wait_world(job.path(), 2, 2);
+    std::fs::write(job.path().join("finish-a"), "").unwrap();
+    // Longer than the heartbeat eviction window: a finished node in the exit barrier must stay "alive".
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(starts(job.path()).len(), 2, "the still-running node restarted: {:?}", starts(job.path()));
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
