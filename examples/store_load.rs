@@ -1,7 +1,8 @@
 //! Store load generator for `scripts/bench/store.sh`, so muster's store and torch's get the
 //! very same client load: CONNECTIONS clients each loop `set`, `get`, `add` (one shared
-//! counter) and `wait` for SECONDS. Prints the operations per second over all of them and the
-//! seconds it took to connect them all (not part of the measured period).
+//! counter) and `wait` for SECONDS. Prints one line: operations per second over all of them,
+//! the seconds it took to connect them all (not part of the measured period), and the total
+//! number of operations.
 //!
 //! Usage: store_load ADDR CONNECTIONS SECONDS
 
@@ -60,6 +61,6 @@ async fn main() -> Result<()> {
         total += ops??;
     }
     let ops_per_sec = total as f64 / start.elapsed().as_secs_f64();
-    println!("{ops_per_sec:.0} {connect_secs:.2}");
+    println!("{ops_per_sec:.0} {connect_secs:.2} {total}");
     Ok(())
 }
