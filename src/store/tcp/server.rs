@@ -268,8 +268,7 @@ impl Connection {
         let mut decoder = RequestDecoder::new(self.max_frame);
         let mut validated = false;
         loop {
-            let backlog = self.process(&mut input, &mut decoder, &mut validated)?;
-            lock(&self.state).take_output(self.id, &mut output)?;
+            let backlog = self.process(&mut input, &mut output, &mut decoder, &mut validated)?;
             if !output.is_empty() {
                 tokio::select! {
                     written = self.stream.write_all(&output) => written?,
@@ -295,16 +294,19 @@ impl Connection {
         }
     }
 
-    /// Applies the complete requests in `input` and drops them from it. Returns true when it
-    /// stopped early because enough output is queued to flush first.
+    /// Applies the complete requests in `input`, drops them from it and moves the output
+    /// queued for this connection into `output`, all in one critical section. Returns true when
+    /// it stopped early because enough output is queued to flush first.
     fn process(
         &mut self,
         input: &mut Vec<u8>,
+        output: &mut Vec<u8>,
         decoder: &mut RequestDecoder,
         validated: &mut bool,
     ) -> Result<bool, Closed> {
         let mut consumed = 0;
         let mut backlog = false;
+        let mut state = lock(&self.state);
         while let Some((request, n)) = decoder.decode(&input[consumed..])? {
             consumed += n;
             // Strict like torch's legacy server; libuv lets a client skip VALIDATE, an
@@ -319,13 +321,14 @@ impl Connection {
                 }
                 continue;
             }
-            let mut state = lock(&self.state);
             state.apply(self.id, request)?;
             if state.pending_output(self.id) > CHUNK {
                 backlog = true;
                 break;
             }
         }
+        state.take_output(self.id, output)?;
+        drop(state);
         input.drain(..consumed);
         Ok(backlog)
     }

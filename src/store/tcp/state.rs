@@ -209,7 +209,7 @@ impl State {
             Request::Validate { .. } => return Err(Refusal::LateValidate),
             Request::Set { key, value } => {
                 self.unbind(key);
-                self.write(key, value.to_vec());
+                self.write(key, value);
             }
             Request::CompareSet {
                 key,
@@ -226,7 +226,7 @@ impl State {
                 // COMPARE_SET (a torch `get` then returns b''), legacy never does.
                 None if expected.is_empty() => {
                     frame::put_bytes(out, desired);
-                    self.write(key, desired.to_vec());
+                    self.write(key, desired);
                 }
                 // torch replies `expected` here ("lying", says its source); so do we.
                 None => frame::put_bytes(out, expected),
@@ -244,7 +244,7 @@ impl State {
                         key: lossy(key),
                     })?;
                 frame::put_i64(out, sum);
-                self.write(key, sum.to_string().into_bytes());
+                self.write(key, sum.to_string().as_bytes());
             }
             Request::Check { keys } => {
                 let ready = keys.iter().all(|k| self.present(k));
@@ -302,7 +302,7 @@ impl State {
             Request::MultiSet { pairs } => {
                 for (key, value) in pairs {
                     self.unbind(key);
-                    self.write(key, value.to_vec());
+                    self.write(key, value);
                 }
             }
             Request::CancelWait => {
@@ -364,7 +364,7 @@ impl State {
                 }
             }
             Request::SetSession { key, value } => {
-                self.write(key, value.to_vec());
+                self.write(key, value);
                 self.bind(key, id);
             }
             Request::Watch { mode, pattern } => {
@@ -386,8 +386,17 @@ impl State {
     }
 
     /// Stores `value`, wakes waiters on `key` and tells its watchers.
-    fn write(&mut self, key: &[u8], value: Vec<u8>) {
-        self.kv.insert(key.to_vec(), value);
+    fn write(&mut self, key: &[u8], value: &[u8]) {
+        // Overwriting reuses the key and value buffers: the hot path of a busy store.
+        match self.kv.get_mut(key) {
+            Some(current) => {
+                current.clear();
+                current.extend_from_slice(value);
+            }
+            None => {
+                self.kv.insert(key.to_vec(), value.to_vec());
+            }
+        }
         self.wake_all(key);
         self.notify(key, EventKind::Written);
     }
@@ -435,6 +444,9 @@ impl State {
     }
 
     fn wake_all(&mut self, key: &[u8]) {
+        if self.waiters.is_empty() {
+            return;
+        }
         if let Some(list) = self.waiters.remove(key) {
             list.into_iter().for_each(|id| self.wake(id));
         }
