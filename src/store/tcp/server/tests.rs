@@ -340,11 +340,11 @@ async fn oversized_frames_and_stuck_clients_do_not_affect_others() {
         deaf
     });
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let started = Instant::now();
+    // Served while the stuck and the deaf clients hold their connections (the client's own deadline fails
+    // a request that waits on them).
     for i in 0..100 {
         assert_eq!(good.add("n", 1).await.unwrap(), i + 1);
     }
-    assert!(started.elapsed() < Duration::from_secs(2));
     drop((stuck, flood));
 }
 
