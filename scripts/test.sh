@@ -8,6 +8,6 @@ ensure_venv
 
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
-cargo clippy --quiet --all-targets -- -D warnings
+cargo clippy --quiet --workspace --all-targets -- -D warnings
 # Integration tests start real torch workers; two at a time keeps a 2-core machine honest.
-cargo test --quiet -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"

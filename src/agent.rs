@@ -11,7 +11,12 @@ use std::time::Instant;
 use nix::sys::signal::Signal;
 use serde_json::json;
 
+use std::collections::BTreeSet;
+
 use crate::config::{LaunchConfig, Rendezvous};
+use crate::gpu::health::{self, Fault, Watcher};
+use crate::gpu::xid::Action;
+use crate::gpu::GpuInfo;
 use crate::rendezvous::{self as rdzv, Fingerprint, NodeInfo, RdzvError, RdzvEvent, RoundInfo, Settings};
 use crate::store::remote::RemoteStore;
 use crate::store::tcp::{Server, ServerConfig};
@@ -30,12 +35,94 @@ pub enum AgentError {
     Rendezvous(#[from] RdzvError),
     #[error("rendezvous store: {0}")]
     Store(#[from] StoreError),
+    #[error("{0}")]
+    Gpu(String),
     #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
     Resolve(String, std::io::Error),
     #[error(transparent)]
     Logs(#[from] LogError),
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+}
+
+/// What ended a running group besides its workers and signals.
+enum Change {
+    Membership(Result<RdzvEvent, RdzvError>),
+    Gpu(Fault),
+}
+
+async fn next_fault(watcher: &mut Option<Watcher>) -> Option<Fault> {
+    match watcher {
+        Some(w) => w.next().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// This node's GPUs, when NVML is there.
+struct Gpus {
+    nvml: &'static nvml_wrapper::Nvml,
+    all: Vec<GpuInfo>,
+}
+
+impl Gpus {
+    fn open(cfg: &LaunchConfig) -> Option<Gpus> {
+        let nvml = match crate::gpu::nvml() {
+            Ok(nvml) => nvml,
+            Err(e) => {
+                tracing::info!("GPU health is off: {e}");
+                return None;
+            }
+        };
+        match crate::gpu::inventory(nvml) {
+            Ok(all) if !all.is_empty() => {
+                tracing::info!(
+                    "watching {} GPU(s) ({}); fault policy: {}",
+                    all.len(),
+                    all.iter().map(|g| g.uuid.as_str()).collect::<Vec<_>>().join(", "),
+                    cfg.gpu_policy.describe()
+                );
+                Some(Gpus { nvml, all })
+            }
+            Ok(_) => {
+                tracing::info!("GPU health is off: NVML reports no GPU");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("GPU health is off: cannot read the GPU inventory: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// The exit code of a node drained for a GPU fault ("this node is unhealthy"), for scheduler policies to match
+/// (a Volcano `exitCode` policy, a Kubernetes pod failure policy). 75 is sysexits' EX_TEMPFAIL: retry elsewhere.
+pub const EXIT_NODE_UNHEALTHY: u8 = 75;
+
+/// How long the `--on-node-fault` hook may run.
+const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Runs the user's `--on-node-fault` command with the fault in its environment (bounded, never fatal).
+async fn run_node_fault_hook(cfg: &LaunchConfig, fault: &Fault) {
+    let Some(cmd) = &cfg.on_node_fault else { return };
+    let mut hook = tokio::process::Command::new("sh");
+    hook.arg("-c")
+        .arg(cmd)
+        .env("MUSTER_FAULT_KIND", fault.kind.to_string())
+        .env("MUSTER_FAULT_XID", fault.kind.xid().map(|x| x.to_string()).unwrap_or_default())
+        .env("MUSTER_FAULT_ACTION", fault.action.as_str())
+        .env("MUSTER_FAULT_GPU_INDEX", fault.gpu.index.to_string())
+        .env("MUSTER_FAULT_GPU_UUID", &fault.gpu.uuid)
+        .env("MUSTER_FAULT_GPU_PCI_BUS_ID", &fault.gpu.pci_bus_id)
+        .env("MUSTER_FAULT_HOSTNAME", crate::host::hostname())
+        .env("MUSTER_RUN_ID", &cfg.run_id)
+        .kill_on_drop(true);
+    match tokio::time::timeout(HOOK_TIMEOUT, hook.status()).await {
+        Ok(Ok(status)) if status.success() => tracing::info!("--on-node-fault hook ran"),
+        Ok(Ok(status)) => tracing::warn!("--on-node-fault hook failed: {status}"),
+        Ok(Err(e)) => tracing::warn!("cannot run the --on-node-fault hook: {e}"),
+        Err(_) => tracing::warn!("--on-node-fault hook did not finish within {HOOK_TIMEOUT:?}; killed"),
+    }
 }
 
 /// How the agent ended.
@@ -46,6 +133,8 @@ pub enum Outcome {
     Failed { name: String, failures: Vec<ProcessFailure> },
     /// Stopped because of a handled signal (workers got the same signal first).
     Interrupted(Signal),
+    /// A GPU fault drained this node: workers stopped, the rendezvous left, the hook run.
+    Drained(Fault),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -58,6 +147,7 @@ enum State {
     Succeeded,
     Failed,
     Interrupted,
+    Drained,
 }
 
 impl State {
@@ -71,6 +161,7 @@ impl State {
             State::Succeeded => "succeeded",
             State::Failed => "failed",
             State::Interrupted => "interrupted",
+            State::Drained => "drained",
         }
     }
 
@@ -85,7 +176,7 @@ impl State {
                 | (Rendezvous, Interrupted | Failed)
                 | (Starting, Running)
                 | (Starting, Failed)
-                | (Running, Succeeded | Failed | Interrupted | Restarting)
+                | (Running, Succeeded | Failed | Interrupted | Restarting | Drained)
                 | (Restarting, Rendezvous)
                 | (Restarting, Interrupted)
         )
@@ -208,7 +299,7 @@ async fn close<S: crate::store::Store>(rendezvous: &rdzv::Rendezvous<S>, timeout
 pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, AgentError> {
     let mut signals = crate::signals::install(&cfg.signals).map_err(AgentError::Signals)?;
     reaper::spawn_adopted_reaper();
-    let events = Events { console: cfg.event_log_console };
+    let events = cfg.events();
     let mut machine = Machine { state: State::Init, since: Instant::now(), events, run_id: cfg.run_id.clone() };
     let hostname = crate::host::hostname();
     let logs = RunLogs::create(&cfg.logs, &cfg.run_id)?;
@@ -275,13 +366,19 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
         );
     }
 
+    let gpus = Gpus::open(&cfg);
+    let mut watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
+    let mut excluded: BTreeSet<u32> = BTreeSet::new();
+
     let mut restart_count = 0u32;
     loop {
         if let Ok(sig) = signals.try_recv() {
             machine.go(State::Interrupted, json!({ "signal": sig.as_str() }));
             return Ok(Outcome::Interrupted(sig));
         }
-        machine.go(State::Rendezvous, json!({ "restart_count": restart_count }));
+        let nproc = cfg.nproc_per_node.saturating_sub(excluded.len() as u32);
+        rendezvous.set_nproc(nproc);
+        machine.go(State::Rendezvous, json!({ "restart_count": restart_count, "nproc": nproc }));
         let round: RoundInfo = tokio::select! {
             r = rendezvous.next_round() => match r {
                 Ok(round) => round,
@@ -305,7 +402,21 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             let (port, addr) = v.split_once(' ').unwrap_or(("0", ""));
             (addr.to_string(), port.parse().map_err(|_| RdzvError::State(format!("bad master endpoint '{v}'")))?)
         };
-        let nproc = cfg.nproc_per_node;
+        let mut extra_env = Vec::new();
+        if let Some(g) = &gpus {
+            let usable: Vec<GpuInfo> = g.all.iter().filter(|gpu| !excluded.contains(&gpu.index)).cloned().collect();
+            let in_use: Vec<GpuInfo> = usable.iter().take(nproc as usize).cloned().collect();
+            if let Err(e) = health::check_before_spawn(g.nvml, &in_use, cfg.gpu_wait_timeout).await {
+                machine.go(State::Failed, json!({ "error": e }));
+                return Err(AgentError::Gpu(e));
+            }
+            if !excluded.is_empty() {
+                // Workers index GPUs by LOCAL_RANK; NVML order is PCI bus order.
+                let visible: Vec<String> = usable.iter().map(|gpu| gpu.index.to_string()).collect();
+                extra_env.push(("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()));
+                extra_env.push(("CUDA_VISIBLE_DEVICES".to_string(), visible.join(",")));
+            }
+        }
         let spec = GroupSpec {
             role: cfg.role.clone(),
             local_world_size: nproc,
@@ -323,6 +434,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             use_agent_store: true,
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),
+            extra_env,
         };
         machine.go(
             State::Starting,
@@ -339,7 +451,19 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             }
         };
         machine.go(State::Running, json!({ "pids": group.pids(), "log_dir": attempt.dir() }));
-        let outcome = group.wait(&mut signals, rendezvous.next_event(), cfg.shutdown_timeout).await;
+        let change = async {
+            loop {
+                tokio::select! {
+                    e = rendezvous.next_event() => return Change::Membership(e),
+                    Some(fault) = next_fault(&mut watcher) => {
+                        if fault.action != Action::Ignore {
+                            return Change::Gpu(fault);
+                        }
+                    }
+                }
+            }
+        };
+        let outcome = group.wait(&mut signals, change, cfg.shutdown_timeout).await;
         match outcome {
             GroupOutcome::Succeeded => {
                 if let Err(e) = rendezvous.exit_barrier().await {
@@ -372,18 +496,59 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 machine.go(State::Failed, json!({ "failures": failures.len() }));
                 return Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures });
             }
-            GroupOutcome::Changed(Ok(RdzvEvent::Closed)) => {
+            GroupOutcome::Changed(Change::Membership(Ok(RdzvEvent::Closed))) => {
                 machine.go(State::Failed, json!({ "reason": "closed by another node" }));
                 return Err(RdzvError::Closed(cfg.run_id.clone()).into());
             }
-            GroupOutcome::Changed(Ok(event)) => {
+            GroupOutcome::Changed(Change::Membership(Ok(event))) => {
                 tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
                 rendezvous.open_next_round().await?;
                 machine.go(State::Restarting, json!({ "reason": format!("{event:?}"), "restart_count": restart_count }));
             }
-            GroupOutcome::Changed(Err(e)) => {
+            GroupOutcome::Changed(Change::Membership(Err(e))) => {
                 machine.go(State::Failed, json!({ "error": e.to_string() }));
                 return Err(e.into());
+            }
+            GroupOutcome::Changed(Change::Gpu(fault)) => {
+                let detail = json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "fault": fault.kind.to_string(),
+                                     "action": fault.action.as_str() });
+                cfg.events().emit("muster.gpu.fault", detail.clone());
+                let usable = gpus.as_ref().map(|g| g.all.len()).unwrap_or(0) - excluded.len();
+                match fault.action {
+                    Action::Restart if restart_count < cfg.max_restarts => {
+                        restart_count += 1;
+                        rendezvous.open_next_round().await?;
+                        machine.go(State::Restarting, json!({ "reason": "gpu fault", "restart_count": restart_count }));
+                    }
+                    Action::Restart => {
+                        close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
+                        machine.go(State::Failed, detail);
+                        return Err(AgentError::Gpu(format!(
+                            "{} on GPU {} ({}) and no restarts left (--max-restarts {})",
+                            fault.kind, fault.gpu.index, fault.gpu.uuid, cfg.max_restarts
+                        )));
+                    }
+                    Action::Exclude if usable > 1 && nproc > 1 => {
+                        excluded.insert(fault.gpu.index);
+                        tracing::warn!(
+                            "excluding GPU {} ({}); continuing with {} worker(s) on this node",
+                            fault.gpu.index,
+                            fault.gpu.uuid,
+                            nproc - 1
+                        );
+                        rendezvous.open_next_round().await?;
+                        machine.go(State::Restarting, json!({ "reason": "gpu excluded", "gpu": fault.gpu.index }));
+                    }
+                    // Drain, or nothing left to exclude.
+                    _ => {
+                        if let Err(e) = rendezvous.leave().await {
+                            tracing::warn!("cannot leave the rendezvous: {e}");
+                        }
+                        run_node_fault_hook(&cfg, &fault).await;
+                        machine.go(State::Drained, detail);
+                        return Ok(Outcome::Drained(fault));
+                    }
+                }
             }
         }
     }

@@ -186,6 +186,26 @@ pub struct Cli {
           action = ArgAction::SetTrue, value_parser = pet_flag)]
     pub virtual_local_rank: bool,
 
+    /// muster: what a fault that needs a GPU reset (XID 48, 95, 119, ...) does: exclude the GPU and go on with
+    /// one worker fewer, or drain the node.
+    #[arg(long = "on-gpu-fault", env = "MUSTER_ON_GPU_FAULT", default_value = "drain",
+          value_parser = ["exclude", "drain"])]
+    pub on_gpu_fault: String,
+
+    /// muster: per-XID overrides of the fault policy, XID=ACTION,... with ACTION ignore|restart|exclude|drain.
+    #[arg(long = "xid-policy", env = "MUSTER_XID_POLICY", default_value = "")]
+    pub xid_policy: String,
+
+    /// muster: command run (through sh -c) when this node drains for a GPU fault; it gets MUSTER_FAULT_* in its
+    /// environment (GPU UUID, PCI id, XID, kind, hostname).
+    #[arg(long = "on-node-fault", env = "MUSTER_ON_NODE_FAULT")]
+    pub on_node_fault: Option<String>,
+
+    /// muster: seconds to wait, before starting workers, for a GPU to be released by other processes.
+    #[arg(long = "gpu-wait-timeout", env = "MUSTER_GPU_WAIT_TIMEOUT", default_value = "30",
+          value_parser = non_negative_int, allow_hyphen_values = true)]
+    pub gpu_wait_timeout: u32,
+
     /// Print a shell completion script and exit (bash, zsh or tcsh).
     #[arg(long = "print-completion", alias = "print_completion", value_parser = ["bash", "zsh", "tcsh"])]
     pub print_completion: Option<String>,

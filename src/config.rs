@@ -193,9 +193,19 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     pub virtual_local_rank: bool,
     pub event_log_console: bool,
+    /// What each GPU fault does.
+    pub gpu_policy: crate::gpu::xid::Policy,
+    /// The user's hook for a drained node.
+    pub on_node_fault: Option<String>,
+    pub gpu_wait_timeout: Duration,
 }
 
 impl LaunchConfig {
+    /// Where agent events go (`--event-log-handler`).
+    pub fn events(&self) -> crate::telemetry::Events {
+        crate::telemetry::Events { console: self.event_log_console }
+    }
+
     /// A `--rdzv-conf` duration in seconds, or the default (values were validated when parsed).
     pub fn conf_duration(&self, key: &str, default_secs: f64) -> Duration {
         let secs = self.rdzv_conf.get(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(default_secs);
@@ -560,6 +570,10 @@ impl LaunchConfig {
             shutdown_timeout: Duration::from_secs(u64::from(shutdown_timeout)),
             virtual_local_rank: cli.virtual_local_rank,
             event_log_console: cli.event_log_handler == "console",
+            gpu_policy: crate::gpu::xid::Policy::parse(&cli.on_gpu_fault, &cli.xid_policy)
+                .map_err(|e| bad(e.to_string()))?,
+            on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),
+            gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
         })
     }
 }

@@ -3,8 +3,10 @@
 //! `main.rs` is thin; every concept lives in one module here. See `ARCHITECTURE.md` for the map.
 
 pub mod agent;
+pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod doctor;
 pub mod gpu;
 pub mod host;
 pub mod rendezvous;

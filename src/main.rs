@@ -17,7 +17,14 @@ fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some("store") {
         return ExitCode::from(u8::try_from(muster::store::store_main(&args[2..])).unwrap_or(1));
     }
-    if let Some(word @ ("plan" | "doctor")) = args.get(1).map(String::as_str) {
+    if args.get(1).map(String::as_str) == Some("bench") {
+        return ExitCode::from(u8::try_from(muster::bench::bench_main(&args[2..])).unwrap_or(1));
+    }
+    if args.get(1).map(String::as_str) == Some("doctor") {
+        muster::telemetry::init();
+        return ExitCode::from(u8::try_from(muster::doctor::doctor_main(&args[2..])).unwrap_or(1));
+    }
+    if let Some(word @ "plan") = args.get(1).map(String::as_str) {
         eprintln!("muster: error: 'muster {word}' is not available in this muster version yet (run ./{word} for a script of that name)");
         return ExitCode::from(2);
     }
@@ -69,6 +76,17 @@ fn main() -> ExitCode {
     match outcome {
         Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
         Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),
+        Ok(Outcome::Drained(fault)) => {
+            eprintln!(
+                "muster: node drained: {} on GPU {} ({}, {}); exiting with {} (node unhealthy)",
+                fault.kind,
+                fault.gpu.index,
+                fault.gpu.uuid,
+                fault.gpu.pci_bus_id,
+                agent::EXIT_NODE_UNHEALTHY
+            );
+            ExitCode::from(agent::EXIT_NODE_UNHEALTHY)
+        }
         Ok(Outcome::Failed { name, failures }) => {
             eprintln!("{}", failure::summary(&name, &failures, &muster::host::fqdn()));
             if let (Some(root), Some(dest)) =

@@ -2,114 +2,11 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use common::cluster::*;
 use common::*;
-
-const LONG: Duration = Duration::from_secs(90);
-
-/// One worker start as `tests/fixtures/elastic_worker.py` records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Start {
-    node: String,
-    rank: u32,
-    local_rank: u32,
-    group_rank: u32,
-    world_size: u32,
-    restart_count: u32,
-    pid: i32,
-}
-
-fn starts(dir: &Path) -> Vec<Start> {
-    std::fs::read_to_string(dir.join("starts"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let n = |i: usize| f.get(i).and_then(|v| v.parse().ok());
-            Some(Start {
-                node: f.first()?.to_string(),
-                rank: n(1)?,
-                local_rank: n(2)?,
-                group_rank: n(3)?,
-                world_size: n(4)?,
-                restart_count: n(5)?,
-                pid: n(6)? as i32,
-            })
-        })
-        .collect()
-}
-
-/// Waits until `count` workers have joined a world of `world` (and passed its all-reduce check).
-fn wait_world(dir: &Path, world: u32, count: usize) -> Vec<Start> {
-    let ready = || {
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with(&format!("ready-{world}-"))).count()
-            })
-            .unwrap_or(0)
-    };
-    let ok = eventually(LONG, || ready() >= count);
-    assert!(ok, "no world of {world} with {count} workers; starts: {:?}", starts(dir));
-    starts(dir).into_iter().filter(|s| s.world_size == world).collect()
-}
-
-/// An agent process whose stderr is collected as it comes.
-struct Agent {
-    guard: Guard,
-    log: Arc<Mutex<String>>,
-}
-
-impl Agent {
-    fn start(node: &str, dir: &Path, args: &[String]) -> Agent {
-        let mut cmd = muster();
-        cmd.env("MUSTER_TEST_NODE", node).args(args).stdout(Stdio::null()).stderr(Stdio::piped());
-        let mut guard = Guard::spawn(&mut cmd);
-        let log = Arc::new(Mutex::new(String::new()));
-        let stderr = guard.0.stderr.take().expect("stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(mut l) = sink.lock() {
-                    l.push_str(&line);
-                    l.push('\n');
-                }
-            }
-        });
-        let _ = dir;
-        Agent { guard, log }
-    }
-
-    fn log(&self) -> String {
-        self.log.lock().map(|l| l.clone()).unwrap_or_default()
-    }
-
-    /// The port of the rendezvous store this agent hosts (from its startup banner).
-    fn hosted_port(&self) -> u16 {
-        let mut port = None;
-        eventually(Duration::from_secs(30), || {
-            let log = self.log();
-            port = log
-                .lines()
-                .find(|l| l.contains("(hosted here)"))
-                .and_then(|l| l.split("rdzv_store=").nth(1))
-                .and_then(|s| s.split_whitespace().next())
-                .and_then(|a| a.rsplit(':').next())
-                .and_then(|p| p.parse().ok());
-            port.is_some()
-        });
-        port.unwrap_or_else(|| panic!("the host agent did not report its store: {}", self.log()))
-    }
-
-    fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
-        let status = self.guard.wait_timeout(timeout).unwrap_or_else(|| panic!("agent still running: {}", self.log()));
-        status.code()
-    }
-}
 
 struct Job {
     dir: tempfile::TempDir,
@@ -146,7 +43,7 @@ impl Job {
         let host_conf = format!("--rdzv-conf=is_host=1,{conf}");
         let mut host_extra = vec![host_conf.as_str()];
         host_extra.extend_from_slice(extra);
-        let host = Agent::start(nodes[0], self.dir.path(), &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra));
+        let host = Agent::start(nodes[0], &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra));
         let port = host.hosted_port();
         let mut agents = vec![host];
         for node in &nodes[1..] {
@@ -159,7 +56,7 @@ impl Job {
         let conf = format!("--rdzv-conf={conf}");
         let mut all = vec![conf.as_str()];
         all.extend_from_slice(extra);
-        Agent::start(node, self.dir.path(), &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all))
+        Agent::start(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all))
     }
 
     fn finish(&self) {
@@ -217,9 +114,9 @@ fn two_agents_train_a_real_job() {
             dir.path().join("ckpt").display().to_string(),
         ]
     };
-    let mut a = Agent::start("a", dir.path(), &args("127.0.0.1:0", "is_host=1"));
+    let mut a = Agent::start("a", &args("127.0.0.1:0", "is_host=1"));
     let port = a.hosted_port();
-    let mut b = Agent::start("b", dir.path(), &args(&format!("127.0.0.1:{port}"), "read_timeout=60"));
+    let mut b = Agent::start("b", &args(&format!("127.0.0.1:{port}"), "read_timeout=60"));
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
     let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap()).unwrap();
@@ -303,7 +200,6 @@ fn a_mismatched_agent_is_refused_and_the_job_is_unharmed() {
     let port = agents[0].hosted_port();
     let mut other = Agent::start(
         "c",
-        job.path(),
         &[
             "--nnodes=2:3".into(),
             "--nproc-per-node=2".into(),
@@ -332,7 +228,6 @@ fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
     // Port 1 on loopback: nothing listens there.
     let mut a = Agent::start(
         "a",
-        dir.path(),
         &[
             "--nnodes=2".into(),
             "--rdzv-backend=c10d".into(),
@@ -379,8 +274,8 @@ fn static_rendezvous_uses_node_ranks_and_the_master_port() {
         ]
     };
     // Node 1 first: it waits for node 0, which hosts the store on the master port.
-    let mut b = Agent::start("b", dir.path(), &args(1));
-    let mut a = Agent::start("a", dir.path(), &args(0));
+    let mut b = Agent::start("b", &args(1));
+    let mut a = Agent::start("a", &args(0));
     let world = wait_world(dir.path(), 4, 4);
     for s in &world {
         assert_eq!(s.group_rank, if s.node == "a" { 0 } else { 1 }, "GROUP_RANK is --node-rank: {s:?}");

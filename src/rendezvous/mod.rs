@@ -247,6 +247,21 @@ impl<S: Store> Rendezvous<S> {
         &self.me
     }
 
+    /// Workers this node brings to the next round (after a GPU was excluded).
+    pub fn set_nproc(&mut self, nproc: u32) {
+        self.me.nproc = nproc;
+    }
+
+    /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
+    /// instead of after a heartbeat timeout.
+    pub async fn leave(&mut self) -> Result<(), RdzvError> {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+        self.store.delete(&self.key(&format!("alive/{}", self.me.id))).await?;
+        Ok(())
+    }
+
     /// Registers liveness and checks the launch fingerprint. Call once before the first round.
     pub async fn register(&mut self) -> Result<(), RdzvError> {
         let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;

@@ -26,6 +26,8 @@ pub struct GroupSpec {
     pub virtual_local_rank: bool,
     /// `--signals-to-handle` as given; torchrun exports it as TORCHELASTIC_SIGNALS_TO_HANDLE.
     pub signals_to_handle: String,
+    /// Set by muster on top of the contract (the GPUs left after an exclusion).
+    pub extra_env: Vec<(String, String)>,
 }
 
 impl GroupSpec {
@@ -65,6 +67,7 @@ pub fn worker_env(
     if parent("OMP_NUM_THREADS").is_none() && spec.local_world_size > 1 {
         env.push(("OMP_NUM_THREADS", "1".into()));
     }
+    env.extend(spec.extra_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
     if spec.virtual_local_rank {
         // torchrun: the parent's list entry for this rank (HIP_VISIBLE_DEVICES first when set), else the rank.
         let (source, also_hip) = match parent("HIP_VISIBLE_DEVICES") {
@@ -111,6 +114,7 @@ mod tests {
             use_agent_store: true,
             virtual_local_rank: false,
             signals_to_handle: "SIGTERM".into(),
+            extra_env: Vec::new(),
         }
     }
 

@@ -1,6 +1,8 @@
 //! Shared helpers for driving the `muster` binary as a user does: real processes, real torch workers.
 #![allow(dead_code)] // each test binary uses a different subset
 
+pub mod cluster;
+
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): how fast a two-node job recovers, muster against torchrun side by side. Two agents
+# on loopback (c10d rendezvous, --nnodes=1:2, two workers each, --max-restarts=3), a fresh job per run, and
+# scripts/bench/recovery_worker.py as the worker (it records when it is running: after init_process_group).
+#
+#   (a) a worker crashes (exits 1): the time from the crash trigger until all 4 workers of the next
+#       generation are running again (world size 4);
+#   (b) the second agent is killed with SIGKILL: the time until the survivor's workers are running again in
+#       the smaller world (world size 2), or "not detected" after DETECT_TIMEOUT seconds (default 60).
+#
+# Times come from the workers' own "running" timestamps, so the script's polling adds nothing. RUNS runs per
+# scenario and launcher (default 5); medians and ratios at the end.
+# Goals: (a) muster at least 10x faster than torchrun; (b) muster under 1 s.
+#
+# Usage: scripts/bench/recovery.sh          RUNS=3 DETECT_TIMEOUT=30 scripts/bench/recovery.sh
+set -euo pipefail
+export LC_ALL=C
+if [ -z "${EPOCHREALTIME:-}" ]; then echo "bench: needs bash >= 5 (EPOCHREALTIME)" >&2; exit 2; fi
+cd "$(dirname "$0")/../.."
+
+RUNS="${RUNS:-5}"
+DETECT_TIMEOUT="${DETECT_TIMEOUT:-60}"
+for v in RUNS DETECT_TIMEOUT; do
+    case "${!v}" in '' | *[!0-9]* | 0) echo "$v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
+done
+
+cargo build --release --quiet
+source scripts/lib.sh
+ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
+
+MUSTER="$PWD/target/release/muster"
+TORCHRUN="$(command -v torchrun)"
+WORKER="$PWD/scripts/bench/recovery_worker.py"
+work="$(mktemp -d)"
+agents=() # process group ids (each agent leads its own session)
+
+# Stops every agent of the current job: a polite SIGTERM (both launchers then stop their workers), SIGKILL
+# to the group after 5 s, then any worker of the job still alive (torchrun leaves them behind when it is
+# SIGKILLed; they also exit on their own when orphaned).
+stop_job() {
+    local dir="${1:-}" pg pid i
+    [ -n "$dir" ] && : >"$dir/finish"
+    for pg in "${agents[@]}"; do kill -TERM -- "-$pg" 2>/dev/null || true; done
+    for ((i = 0; i < 50; i++)); do
+        local alive=0
+        for pg in "${agents[@]}"; do kill -0 -- "-$pg" 2>/dev/null && alive=1; done
+        [ "$alive" = 0 ] && break
+        sleep 0.1
+    done
+    for pg in "${agents[@]}"; do kill -KILL -- "-$pg" 2>/dev/null || true; done
+    if [ -n "$dir" ] && [ -d "$dir/running" ]; then
+        for pid in $(ls "$dir/running"); do
+            if grep -qs recovery_worker "/proc/$pid/cmdline"; then kill -KILL "$pid" 2>/dev/null || true; fi
+        done
+    fi
+    agents=()
+}
+current_dir=""
+trap 'stop_job "$current_dir"; rm -rf "$work"' EXIT
+trap 'exit 130' INT TERM
+
+# running_since DIR T0 WORLD: "<count> <latest time>" of the workers running in a world of WORLD since T0.
+running_since() {
+    cat "$1"/running/* 2>/dev/null | awk -v t0="$2" -v w="$3" '$1 > t0 && $2 == w { n++; if ($1 > m) m = $1 } END { printf "%d %.6f\n", n, m }'
+}
+
+# wait_running DIR T0 WORLD COUNT TIMEOUT: waits until COUNT workers run in a world of WORLD since T0; prints
+# the seconds from T0 to the last of them, or nothing after TIMEOUT seconds.
+wait_running() {
+    local deadline n last
+    deadline="$(awk -v t="$EPOCHREALTIME" -v s="$5" 'BEGIN { printf "%.6f", t + s }')"
+    while awk -v now="$EPOCHREALTIME" -v d="$deadline" 'BEGIN { exit !(now < d) }'; do
+        read -r n last < <(running_since "$1" "$2" "$3")
+        if [ "$n" -ge "$4" ]; then
+            awk -v a="$2" -v b="$last" 'BEGIN { printf "%.4f\n", b - a }'
+            return
+        fi
+        sleep 0.02
+    done
+}
+
+free_port() {
+    "$MUSTER_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# start_job LAUNCHER DIR: starts two agents of a fresh job whose workers write under DIR.
+start_job() {
+    local launcher="$1" dir="$2" run_id="bench$RANDOM$RANDOM" port i
+    mkdir -p "$dir/running"
+    local common=(--nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d "--rdzv-id=$run_id" --max-restarts=3)
+    if [ "$launcher" = muster ]; then
+        BENCH_NODE=a setsid "$MUSTER" "${common[@]}" --rdzv-endpoint=127.0.0.1:0 --rdzv-conf=is_host=1 \
+            "$WORKER" "$dir" >"$dir/a.log" 2>&1 &
+        agents+=("$!")
+        port=""
+        for ((i = 0; i < 300; i++)); do
+            port="$(sed -n 's/.*rdzv_store=127\.0\.0\.1:\([0-9]*\) (hosted here).*/\1/p' "$dir/a.log" | head -n 1)"
+            [ -n "$port" ] && break
+            sleep 0.05
+        done
+        if [ -z "$port" ]; then echo "bench: the first muster agent reported no store port:" >&2; cat "$dir/a.log" >&2; exit 1; fi
+        BENCH_NODE=b setsid "$MUSTER" "${common[@]}" "--rdzv-endpoint=127.0.0.1:$port" \
+            "$WORKER" "$dir" >"$dir/b.log" 2>&1 &
+        agents+=("$!")
+    else
+        port="$(free_port)"
+        BENCH_NODE=a setsid "$TORCHRUN" "${common[@]}" "--rdzv-endpoint=127.0.0.1:$port" --rdzv-conf=is_host=1 \
+            "$WORKER" "$dir" >"$dir/a.log" 2>&1 &
+        agents+=("$!")
+        BENCH_NODE=b setsid "$TORCHRUN" "${common[@]}" "--rdzv-endpoint=127.0.0.1:$port" --rdzv-conf=is_host=0 \
+            "$WORKER" "$dir" >"$dir/b.log" 2>&1 &
+        agents+=("$!")
+    fi
+    if [ -z "$(wait_running "$dir" 0 4 4 120)" ]; then
+        echo "bench: $launcher: the job did not start 4 workers within 120 s; agent logs:" >&2
+        tail -n 20 "$dir/a.log" "$dir/b.log" >&2
+        exit 1
+    fi
+}
+
+# run_scenario LAUNCHER SCENARIO RUN: one run; appends the seconds (or "-") to $work/LAUNCHER.SCENARIO.
+run_scenario() {
+    local launcher="$1" scenario="$2" run="$3" dir t0 secs
+    dir="$work/$launcher-$scenario-$run"
+    current_dir="$dir"
+    start_job "$launcher" "$dir"
+    sleep 1 # let the round settle (torchrun's keep-alive timers, muster's watches)
+    t0="$EPOCHREALTIME"
+    if [ "$scenario" = crash ]; then
+        : >"$dir/crash"
+        secs="$(wait_running "$dir" "$t0" 4 4 "$DETECT_TIMEOUT")"
+    else
+        kill -KILL "${agents[1]}"
+        secs="$(wait_running "$dir" "$t0" 2 2 "$DETECT_TIMEOUT")"
+    fi
+    stop_job "$dir"
+    current_dir=""
+    if [ -n "$secs" ]; then
+        echo "$secs" >>"$work/$launcher.$scenario"
+        printf '  %-8s %-12s run %d/%d: %8.1f ms\n' "$launcher" "$scenario" "$run" "$RUNS" "$(awk -v s="$secs" 'BEGIN { print s * 1000 }')"
+    else
+        echo "-" >>"$work/$launcher.$scenario"
+        printf '  %-8s %-12s run %d/%d: not detected within %d s\n' "$launcher" "$scenario" "$run" "$RUNS" "$DETECT_TIMEOUT"
+    fi
+}
+
+# median FILE: the median of the numbers in FILE (lines "-" ignored), or nothing when there are none.
+median() {
+    grep -v '^-$' "$1" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+echo "recovery benchmark: 2 agents x 2 workers on loopback, c10d rendezvous, $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c 'import torch; print(torch.__version__)'))"
+echo "goals: (a) worker crash: muster >= 10x faster than torchrun; (b) agent SIGKILL: muster < 1 s"
+for scenario in crash agent-kill; do
+    for launcher in muster torchrun; do
+        : >"$work/$launcher.$scenario"
+        for ((r = 1; r <= RUNS; r++)); do run_scenario "$launcher" "$scenario" "$r"; done
+    done
+done
+
+echo
+printf '%-28s %16s %22s %10s\n' scenario "muster (median)" "torchrun (median)" ratio
+for scenario in crash agent-kill; do
+    m="$(median "$work/muster.$scenario")"
+    t="$(median "$work/torchrun.$scenario")"
+    show() { # show SECONDS FILE
+        if [ -z "$1" ]; then echo "not detected"; else
+            local miss
+            miss="$(grep -c '^-$' "$2" || true)"
+            awk -v s="$1" -v m="$miss" -v r="$RUNS" 'BEGIN { printf "%.1f ms%s", s * 1000, m > 0 ? sprintf(" (%d/%d missed)", m, r) : "" }'
+        fi
+    }
+    if [ -n "$m" ] && [ -n "$t" ]; then ratio="$(awk -v m="$m" -v t="$t" 'BEGIN { printf "%.1fx", t / m }')"
+    elif [ -n "$m" ]; then ratio="-"
+    else ratio="-"; fi
+    label="(a) worker crash -> 4 up"
+    [ "$scenario" = agent-kill ] && label="(b) agent SIGKILL -> 2 up"
+    printf '%-28s %16s %22s %10s\n' "$label" "$(show "$m" "$work/muster.$scenario")" "$(show "$t" "$work/torchrun.$scenario")" "$ratio"
+done
+
+echo
+m="$(median "$work/muster.crash")"
+t="$(median "$work/torchrun.crash")"
+if [ -n "$m" ] && [ -n "$t" ] && awk -v m="$m" -v t="$t" 'BEGIN { exit !(t / m >= 10) }'; then
+    echo "goal (a) >= 10x faster than torchrun: met"
+else
+    echo "goal (a) >= 10x faster than torchrun: NOT MET"
+fi
+m="$(median "$work/muster.agent-kill")"
+if [ -n "$m" ] && awk -v m="$m" 'BEGIN { exit !(m < 1) }' && ! grep -q '^-$' "$work/muster.agent-kill"; then
+    echo "goal (b) under 1 s: met"
+else
+    echo "goal (b) under 1 s: NOT MET"
+fi

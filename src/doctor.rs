@@ -1,0 +1,116 @@
+//! `muster doctor`: is this node fit to run a job? Prints the driver and GPU inventory, the health counters,
+//! the faults NVML raises while it listens, and the effective fault policy; exits non-zero when the node
+//! should not be used (no driver, a GPU lost, a fault the policy would drain or exclude for, uncorrected ECC).
+
+use std::time::Duration;
+
+use clap::Parser;
+use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
+
+use crate::gpu::health::Watcher;
+use crate::gpu::xid::{Action, Policy};
+
+/// Check this node's GPUs and exit non-zero when it should not be used.
+#[derive(Debug, Parser)]
+#[command(name = "muster doctor")]
+struct DoctorArgs {
+    /// Seconds to listen for GPU fault events.
+    #[arg(long, default_value_t = 2)]
+    listen: u64,
+    /// As for the launcher: what a fault that needs a GPU reset does (exclude or drain).
+    #[arg(long = "on-gpu-fault", default_value = "drain", value_parser = ["exclude", "drain"])]
+    on_gpu_fault: String,
+    /// As for the launcher: per-XID overrides, XID=ACTION,...
+    #[arg(long = "xid-policy", default_value = "")]
+    xid_policy: String,
+}
+
+/// Entry point of `muster doctor ARGS...`; returns the exit code.
+pub fn doctor_main(args: &[String]) -> i32 {
+    let args = match DoctorArgs::try_parse_from(std::iter::once("muster doctor".to_string()).chain(args.iter().cloned())) {
+        Ok(a) => a,
+        Err(e) => {
+            let _ = e.print();
+            return if e.use_stderr() { 2 } else { 0 };
+        }
+    };
+    let policy = match Policy::parse(&args.on_gpu_fault, &args.xid_policy) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("muster doctor: error: {e}");
+            return 2;
+        }
+    };
+    let nvml = match crate::gpu::nvml() {
+        Ok(n) => n,
+        Err(e) => {
+            println!("driver: none ({e})");
+            println!("verdict: UNUSABLE for GPU jobs (no NVIDIA driver)");
+            return 1;
+        }
+    };
+    println!("driver: {}", nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})")));
+    let gpus = match crate::gpu::inventory(nvml) {
+        Ok(g) => g,
+        Err(e) => {
+            println!("verdict: UNUSABLE (cannot read the GPU inventory: {e})");
+            return 1;
+        }
+    };
+    println!("gpus: {}", gpus.len());
+    println!("{:<5} {:<42} {:<18} {:<28} {:>9} {:>10} {:>9}", "index", "uuid", "pci", "name", "memory", "ecc_uncorr", "processes");
+    let mut problems = Vec::new();
+    for g in &gpus {
+        let device = nvml.device_by_index(g.index);
+        let ecc = device
+            .as_ref()
+            .ok()
+            .and_then(|d| d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok());
+        let procs = device.as_ref().ok().and_then(|d| d.running_compute_processes().ok()).map(|p| p.len());
+        let show = |v: Option<usize>| v.map(|n| n.to_string()).unwrap_or_else(|| "n/a".into());
+        println!(
+            "{:<5} {:<42} {:<18} {:<28} {:>8}M {:>10} {:>9}",
+            g.index,
+            g.uuid,
+            g.pci_bus_id,
+            g.name,
+            g.memory_total >> 20,
+            show(ecc.map(|n| n as usize)),
+            show(procs)
+        );
+        if ecc.is_some_and(|n| n > 0) {
+            problems.push(format!("GPU {} has {} uncorrected ECC error(s)", g.index, ecc.unwrap_or(0)));
+        }
+    }
+    println!("policy: {}", policy.describe());
+    println!("listening for GPU faults for {} s ...", args.listen);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("muster doctor: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    let faults = runtime.block_on(async {
+        let mut watcher = Watcher::start(nvml, &gpus, &policy);
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(args.listen);
+        while let Ok(Some(f)) = tokio::time::timeout_at(deadline, watcher.next()).await {
+            seen.push(f);
+        }
+        seen
+    });
+    for f in &faults {
+        println!("fault: GPU {} ({}): {} -> {}", f.gpu.index, f.gpu.uuid, f.kind, f.action.as_str());
+        if matches!(f.action, Action::Drain | Action::Exclude) {
+            problems.push(format!("GPU {}: {} ({})", f.gpu.index, f.kind, f.action.as_str()));
+        }
+    }
+    if problems.is_empty() {
+        println!("verdict: OK");
+        0
+    } else {
+        println!("verdict: UNHEALTHY: {}", problems.join("; "));
+        1
+    }
+}

@@ -1,0 +1,227 @@
+//! GPU health with the fake `libnvidia-ml.so` (`fake-nvml/`), loaded through muster's real NVML code path:
+//! faults injected while agents run, and what each one does to the job.
+
+mod common;
+
+#[path = "../fake-nvml/tests/support/mod.rs"]
+mod fake_nvml;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::cluster::*;
+use common::*;
+
+/// A node's fake GPUs: its config, the file faults are injected through, and the fake's status log.
+struct FakeNode {
+    config: PathBuf,
+    events: PathBuf,
+    status: PathBuf,
+}
+
+impl FakeNode {
+    /// `gpus` H100s; `busy` lists (gpu, pid) compute processes that are already there.
+    fn new(dir: &Path, name: &str, gpus: usize, busy: &[(usize, u32)]) -> FakeNode {
+        let node = FakeNode {
+            config: dir.join(format!("{name}-nvml.json")),
+            events: dir.join(format!("{name}-events")),
+            status: dir.join(format!("{name}-status")),
+        };
+        let list: Vec<serde_json::Value> = (0..gpus)
+            .map(|i| {
+                let procs: Vec<serde_json::Value> = busy
+                    .iter()
+                    .filter(|(g, _)| *g == i)
+                    .map(|(_, pid)| serde_json::json!({"pid": pid, "used_gpu_memory": 1_048_576}))
+                    .collect();
+                serde_json::json!({
+                    "uuid": format!("GPU-{name}{i:07}-0000-0000-0000-000000000000"),
+                    "name": "NVIDIA H100 80GB HBM3",
+                    "pci_bus_id": format!("00000000:{:02x}:00.0", 0x18 + i * 0x10),
+                    "memory_total": 85_899_345_920u64,
+                    "numa_node": 0,
+                    "cpu_affinity": [0, 1],
+                    "supported_events": ["xid", "dbe", "sbe"],
+                    "processes": procs,
+                })
+            })
+            .collect();
+        let topology: Vec<Vec<String>> =
+            (0..gpus).map(|i| (0..gpus).map(|j| if i == j { "X".into() } else { "NV18".into() }).collect()).collect();
+        let cfg = serde_json::json!({"driver_version": "570.86.15", "gpus": list, "topology": topology});
+        std::fs::write(&node.config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+        std::fs::write(&node.events, "").unwrap();
+        node
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("MUSTER_NVML_LIBRARY", fake_nvml::library().display().to_string()),
+            ("FAKE_NVML_CONFIG", self.config.display().to_string()),
+            ("FAKE_NVML_EVENTS_FILE", self.events.display().to_string()),
+            ("FAKE_NVML_STATUS_FILE", self.status.display().to_string()),
+        ]
+    }
+
+    /// Waits until the agent's watcher has registered for events on `gpu`, then injects `line`.
+    fn inject(&self, gpu: usize, line: &str) {
+        let registered = format!("registered {gpu} ");
+        let ok = eventually(LONG, || std::fs::read_to_string(&self.status).unwrap_or_default().contains(&registered));
+        assert!(ok, "GPU {gpu} was never registered for events: {:?}", std::fs::read_to_string(&self.status));
+        let mut events = std::fs::OpenOptions::new().append(true).open(&self.events).unwrap();
+        std::io::Write::write_all(&mut events, format!("{line}\n").as_bytes()).unwrap();
+    }
+}
+
+fn agent_args(nnodes: &str, nproc: &str, endpoint: &str, conf: &str, extra: &[&str], dir: &Path) -> Vec<String> {
+    let mut a: Vec<String> = vec![
+        format!("--nnodes={nnodes}"),
+        format!("--nproc-per-node={nproc}"),
+        "--rdzv-backend=c10d".into(),
+        format!("--rdzv-endpoint={endpoint}"),
+        format!("--rdzv-conf={conf}"),
+        format!("--rdzv-id=gpu{}", std::process::id()),
+        "--shutdown-timeout=5".into(),
+    ];
+    a.extend(extra.iter().map(|s| s.to_string()));
+    a.push(fixture("elastic_worker.py").display().to_string());
+    a.push(dir.display().to_string());
+    a
+}
+
+#[test]
+fn xid_79_drains_the_node_and_the_other_reforms_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_gpus, b_gpus) = (FakeNode::new(dir.path(), "a", 4, &[]), FakeNode::new(dir.path(), "b", 4, &[]));
+    // A heartbeat timeout would take minutes: re-forming within the test's wait proves it was not needed.
+    let conf = "last_call_timeout=3,keep_alive_interval=60";
+    let hook_out = dir.path().join("hook.env");
+    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
+    let mut a = Agent::start_with_env(
+        "a",
+        &agent_args("1:2", "gpu", "127.0.0.1:0", &format!("is_host=1,{conf}"), &[], dir.path()),
+        &a_gpus.env(),
+    );
+    let port = a.hosted_port();
+    let mut b = Agent::start_with_env(
+        "b",
+        &agent_args("1:2", "gpu", &format!("127.0.0.1:{port}"), conf, &["--on-node-fault", &hook], dir.path()),
+        &b_gpus.env(),
+    );
+    let world = wait_world(dir.path(), 8, 8);
+    let b_workers: Vec<i32> = world.iter().filter(|s| s.node == "b").map(|s| s.pid).collect();
+    assert_eq!(b_workers.len(), 4, "nproc gpu = 4 fake GPUs");
+    b_gpus.inject(2, "xid 2 79");
+    let stopped = eventually(Duration::from_secs(1), || b_workers.iter().all(|p| !alive(*p)));
+    assert!(stopped, "B's workers still run 1 s after XID 79");
+    assert_eq!(b.exit_code(LONG), Some(75), "the documented unhealthy-node code: {}", b.log());
+    let hook_env = std::fs::read_to_string(&hook_out).expect("the hook ran");
+    assert!(hook_env.contains("MUSTER_FAULT_XID=79"), "{hook_env}");
+    assert!(hook_env.contains("MUSTER_FAULT_GPU_UUID=GPU-b0000002-0000-0000-0000-000000000000"), "{hook_env}");
+    assert!(hook_env.contains("MUSTER_FAULT_HOSTNAME="), "{hook_env}");
+    let alone = wait_world(dir.path(), 4, 4);
+    assert!(alone.iter().all(|s| s.node == "a" && s.restart_count == 0), "{alone:?}");
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+}
+
+#[test]
+fn xid_13_restarts_the_group_and_spends_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]);
+    let mut a = Agent::start_with_env(
+        "a",
+        &agent_args("1", "2", "127.0.0.1:0", "is_host=1", &["--max-restarts=1"], dir.path()),
+        &gpus.env(),
+    );
+    wait_world(dir.path(), 2, 2);
+    gpus.inject(1, "xid 1 13");
+    let restarted = eventually(LONG, || starts(dir.path()).iter().filter(|s| s.restart_count == 1).count() == 2);
+    assert!(restarted, "no group restart after XID 13: {:?}\n{}", starts(dir.path()), a.log());
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "the node stays: {}", a.log());
+}
+
+#[test]
+fn double_bit_ecc_with_exclude_continues_with_one_worker_fewer() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a_gpus, b_gpus) = (FakeNode::new(dir.path(), "a", 4, &[]), FakeNode::new(dir.path(), "b", 4, &[]));
+    let conf = "last_call_timeout=3";
+    let mut a = Agent::start_with_env(
+        "a",
+        &agent_args("2", "gpu", "127.0.0.1:0", &format!("is_host=1,{conf}"), &[], dir.path()),
+        &a_gpus.env(),
+    );
+    let port = a.hosted_port();
+    let mut b = Agent::start_with_env(
+        "b",
+        &agent_args("2", "gpu", &format!("127.0.0.1:{port}"), conf, &["--on-gpu-fault=exclude"], dir.path()),
+        &b_gpus.env(),
+    );
+    wait_world(dir.path(), 8, 8);
+    b_gpus.inject(1, "dbe 1");
+    let world = wait_world(dir.path(), 7, 7);
+    let on_b: Vec<&Start> = world.iter().filter(|s| s.node == "b").collect();
+    assert_eq!(on_b.len(), 3, "{world:?}");
+    for s in &on_b {
+        assert_eq!(s.visible, "0,2,3", "GPU 1 is no longer visible: {s:?}");
+    }
+    let mut ranks: Vec<u32> = world.iter().map(|s| s.rank).collect();
+    ranks.sort();
+    assert_eq!(ranks, (0..7).collect::<Vec<_>>(), "global ranks recomputed across nodes");
+    assert!(world.iter().all(|s| s.restart_count == 0), "an excluded GPU spends no restart: {world:?}");
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+}
+
+#[test]
+fn no_nvml_library_runs_a_cpu_job_with_one_info_line() {
+    let out = run(
+        muster().args(["--nproc-per-node=1", "--no-python", "true"]).env("MUSTER_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"),
+        LONG,
+    );
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_eq!(out.stderr.matches("GPU health is off").count(), 1, "{}", out.stderr);
+}
+
+#[test]
+fn a_foreign_process_on_a_gpu_delays_then_fails_the_spawn() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[(1, 4242)]);
+    let out = run(
+        muster()
+            .args(["--nproc-per-node=2", "--gpu-wait-timeout=1"])
+            .arg(fixture("elastic_worker.py"))
+            .arg(dir.path())
+            .envs(gpus.env()),
+        LONG,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let last = out.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("process 4242") && last.contains("GPU 1"), "{last}");
+    assert!(out.stderr.contains("waiting before starting workers"), "it waited first: {}", out.stderr);
+    assert!(!dir.path().join("starts").exists(), "no worker may start");
+}
+
+#[test]
+fn doctor_prints_the_inventory_and_fails_after_xid_79() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]);
+    let healthy = run(muster().args(["doctor", "--listen=1"]).envs(gpus.env()), LONG);
+    assert_eq!(healthy.status.code(), Some(0), "{}{}", healthy.stdout, healthy.stderr);
+    for uuid in ["GPU-a0000000-0000-0000-0000-000000000000", "GPU-a0000001-0000-0000-0000-000000000000"] {
+        assert!(healthy.stdout.contains(uuid), "{}", healthy.stdout);
+    }
+    assert!(healthy.stdout.contains("570.86.15") && healthy.stdout.contains("verdict: OK"));
+    std::fs::write(&gpus.status, "").unwrap(); // so `inject` waits for this run's registration
+    let mut cmd = muster();
+    cmd.args(["doctor", "--listen=5"]).envs(gpus.env()).stdout(std::process::Stdio::piped());
+    let mut doctor = Guard::spawn(&mut cmd);
+    gpus.inject(1, "xid 1 79");
+    let status = doctor.wait_timeout(LONG).expect("doctor finished");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut doctor.0.stdout.take().unwrap(), &mut out).unwrap();
+    assert_eq!(status.code(), Some(1), "{out}");
+    assert!(out.contains("XID 79") && out.contains("UNHEALTHY"), "{out}");
+}
