@@ -58,6 +58,25 @@ async fn next_fault(watcher: &mut Option<Watcher>) -> Option<Fault> {
     }
 }
 
+/// Counts of GPU faults by GPU and kind, carried in every fault event (metric-ready).
+#[derive(Default)]
+struct FaultLog {
+    counts: std::collections::BTreeMap<(u32, String), u64>,
+}
+
+impl FaultLog {
+    /// Counts the fault and emits its event; returns the event's fields.
+    fn record(&mut self, cfg: &LaunchConfig, fault: &Fault) -> serde_json::Value {
+        let count = self.counts.entry((fault.gpu.index, fault.kind.to_string())).or_insert(0);
+        *count += 1;
+        let detail = json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "pci_bus_id": fault.gpu.pci_bus_id,
+                             "fault": fault.kind.to_string(), "xid": fault.kind.xid(), "action": fault.action.as_str(),
+                             "count": *count });
+        cfg.events().emit("muster.gpu.fault", detail.clone());
+        detail
+    }
+}
+
 /// This node's GPUs, when NVML is there.
 struct Gpus {
     nvml: &'static nvml_wrapper::Nvml,
@@ -369,6 +388,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
     let gpus = Gpus::open(&cfg);
     let mut watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
     let mut excluded: BTreeSet<u32> = BTreeSet::new();
+    let mut fault_log = FaultLog::default();
 
     let mut restart_count = 0u32;
     loop {
@@ -459,6 +479,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                         if fault.action != Action::Ignore {
                             return Change::Gpu(fault);
                         }
+                        fault_log.record(&cfg, &fault);
                     }
                 }
             }
@@ -510,9 +531,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 return Err(e.into());
             }
             GroupOutcome::Changed(Change::Gpu(fault)) => {
-                let detail = json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "fault": fault.kind.to_string(),
-                                     "action": fault.action.as_str() });
-                cfg.events().emit("muster.gpu.fault", detail.clone());
+                let detail = fault_log.record(&cfg, &fault);
                 let usable = gpus.as_ref().map(|g| g.all.len()).unwrap_or(0) - excluded.len();
                 match fault.action {
                     Action::Restart if restart_count < cfg.max_restarts => {

@@ -225,3 +225,15 @@ fn doctor_prints_the_inventory_and_fails_after_xid_79() {
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("XID 79") && out.contains("UNHEALTHY"), "{out}");
 }
+
+#[test]
+fn a_node_reboot_recovery_action_drains_the_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]);
+    let mut a = Agent::start_with_env("a", &agent_args("1", "2", "127.0.0.1:0", "is_host=1", &[], dir.path()), &gpus.env());
+    wait_world(dir.path(), 2, 2);
+    // No event: only the watcher's periodic read of field 230 can see it.
+    gpus.inject(0, "recovery 0 2");
+    assert_eq!(a.exit_code(LONG), Some(75), "{}", a.log());
+    assert!(a.log().contains("driver recovery action 2"), "{}", a.log());
+}

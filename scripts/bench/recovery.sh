@@ -56,7 +56,8 @@ stop_job() {
     agents=()
 }
 current_dir=""
-trap 'stop_job "$current_dir"; rm -rf "$work"' EXIT
+# KEEP=1 keeps every job's directory (agent logs, worker markers) for a look afterwards.
+trap 'stop_job "$current_dir"; if [ "${KEEP:-0}" = 1 ]; then echo "logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 trap 'exit 130' INT TERM
 
 # running_since DIR T0 WORLD: "<count> <latest time>" of the workers running in a world of WORLD since T0.
@@ -131,6 +132,7 @@ run_scenario() {
         secs="$(wait_running "$dir" "$t0" 4 4 "$DETECT_TIMEOUT")"
     else
         kill -KILL "${agents[1]}"
+        wait "${agents[1]}" 2>/dev/null || true # reaped here, so bash reports no "Killed" job
         secs="$(wait_running "$dir" "$t0" 2 2 "$DETECT_TIMEOUT")"
     fi
     stop_job "$dir"
@@ -146,7 +148,7 @@ run_scenario() {
 
 # median FILE: the median of the numbers in FILE (lines "-" ignored), or nothing when there are none.
 median() {
-    grep -v '^-$' "$1" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    awk '$1 != "-"' "$1" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) exit; if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
 
 echo "recovery benchmark: 2 agents x 2 workers on loopback, c10d rendezvous, $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c 'import torch; print(torch.__version__)'))"
@@ -158,24 +160,27 @@ for scenario in crash agent-kill; do
     done
 done
 
+# show SECONDS FILE: a median for the table, with how many runs missed.
+show() {
+    if [ -z "$1" ]; then
+        echo "not detected"
+        return
+    fi
+    local miss
+    miss="$(grep -c '^-$' "$2" || true)"
+    awk -v s="$1" -v m="$miss" -v r="$RUNS" 'BEGIN { printf "%.1f ms%s", s * 1000, m > 0 ? sprintf(" (%d/%d missed)", m, r) : "" }'
+}
+
 echo
-printf '%-28s %16s %22s %10s\n' scenario "muster (median)" "torchrun (median)" ratio
+printf '%-28s %22s %22s %10s\n' scenario "muster (median)" "torchrun (median)" ratio
 for scenario in crash agent-kill; do
     m="$(median "$work/muster.$scenario")"
     t="$(median "$work/torchrun.$scenario")"
-    show() { # show SECONDS FILE
-        if [ -z "$1" ]; then echo "not detected"; else
-            local miss
-            miss="$(grep -c '^-$' "$2" || true)"
-            awk -v s="$1" -v m="$miss" -v r="$RUNS" 'BEGIN { printf "%.1f ms%s", s * 1000, m > 0 ? sprintf(" (%d/%d missed)", m, r) : "" }'
-        fi
-    }
-    if [ -n "$m" ] && [ -n "$t" ]; then ratio="$(awk -v m="$m" -v t="$t" 'BEGIN { printf "%.1fx", t / m }')"
-    elif [ -n "$m" ]; then ratio="-"
-    else ratio="-"; fi
+    ratio="-"
+    [ -n "$m" ] && [ -n "$t" ] && ratio="$(awk -v m="$m" -v t="$t" 'BEGIN { printf "%.1fx", t / m }')"
     label="(a) worker crash -> 4 up"
     [ "$scenario" = agent-kill ] && label="(b) agent SIGKILL -> 2 up"
-    printf '%-28s %16s %22s %10s\n' "$label" "$(show "$m" "$work/muster.$scenario")" "$(show "$t" "$work/torchrun.$scenario")" "$ratio"
+    printf '%-28s %22s %22s %10s\n' "$label" "$(show "$m" "$work/muster.$scenario")" "$(show "$t" "$work/torchrun.$scenario")" "$ratio"
 done
 
 echo

@@ -1,5 +1,6 @@
-//! GPU health: the watcher (NVML events as the driver raises them, plus a periodic read of the counters that
-//! have no event) and the check before every spawn.
+//! GPU health: the watcher (NVML events as the driver raises them, plus a periodic read of what has no event:
+//! volatile uncorrected ECC errors, row-remap failure, the driver's recovery action) and the check before
+//! every spawn.
 //!
 //! One thread per GPU, each with its own NVML event set: a set is not `Sync`, `wait` blocks, and with one
 //! shared set an unsupported registration on one device would free the registrations of the others
@@ -99,6 +100,7 @@ fn watch_one(nvml: &'static Nvml, gpu: GpuInfo, policy: &Policy, tx: &mpsc::Unbo
     };
     tracing::debug!(gpu = gpu.index, events = ?mask, "watching GPU");
     let mut dbe_seen = uncorrected(&device).unwrap_or(0);
+    let (mut remap_failed, mut recovery) = (false, 0u32);
     let mut last_read = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let waited = match &set {
@@ -142,8 +144,41 @@ fn watch_one(nvml: &'static Nvml, gpu: GpuInfo, policy: &Policy, tx: &mpsc::Unbo
                 Err(NvmlError::GpuLost) => return report(FaultKind::Lost),
                 _ => {}
             }
+            let (failed, action) = remap_and_recovery(&device);
+            if failed && !remap_failed {
+                report(FaultKind::RemapFailure);
+            }
+            if action != recovery && action != 0 {
+                report(FaultKind::RecoveryAction(action));
+            }
+            (remap_failed, recovery) = (failed, action);
         }
     }
+}
+
+/// NVML field ids: row-remap failure, and the driver's recovery action (read where supported).
+const FI_REMAP_FAILURE: u32 = 145;
+const FI_RECOVERY_ACTION: u32 = 230;
+
+/// (row remapping failed, recovery action); fields a GPU does not support count as healthy.
+fn remap_and_recovery(device: &Device) -> (bool, u32) {
+    use nvml_wrapper::enums::device::SampleValue;
+    use nvml_wrapper::structs::device::FieldId;
+    let Ok(values) = device.field_values_for(&[FieldId(FI_REMAP_FAILURE), FieldId(FI_RECOVERY_ACTION)]) else {
+        return (false, 0);
+    };
+    let as_u64 = |v: &Result<nvml_wrapper::struct_wrappers::device::FieldValueSample, NvmlError>| match v {
+        Ok(s) => match s.value {
+            Ok(SampleValue::U32(x)) => u64::from(x),
+            Ok(SampleValue::U64(x)) => x,
+            Ok(SampleValue::I64(x)) => x.max(0) as u64,
+            _ => 0,
+        },
+        Err(_) => 0,
+    };
+    let failed = values.first().map(as_u64).unwrap_or(0) != 0;
+    let action = values.get(1).map(as_u64).unwrap_or(0);
+    (failed, u32::try_from(action).unwrap_or(u32::MAX))
 }
 
 /// Volatile uncorrected ECC errors (NotSupported on GPUs without ECC: treated as none).

@@ -52,6 +52,9 @@ pub enum FaultKind {
     Lost,
     /// Row remapping failed (NVML field 145): the memory cannot be repaired.
     RemapFailure,
+    /// The driver's recovery action (field 230) changed: 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+    /// reset (what XID 154 announces).
+    RecoveryAction(u32),
 }
 
 impl fmt::Display for FaultKind {
@@ -62,6 +65,7 @@ impl fmt::Display for FaultKind {
             FaultKind::DoubleBitEcc => write!(f, "double-bit ECC error"),
             FaultKind::Lost => write!(f, "GPU lost"),
             FaultKind::RemapFailure => write!(f, "row remapping failure"),
+            FaultKind::RecoveryAction(a) => write!(f, "driver recovery action {a}"),
         }
     }
 }
@@ -74,6 +78,7 @@ impl FaultKind {
             FaultKind::DoubleBitEcc => Some(48),
             FaultKind::Lost => Some(79),
             FaultKind::RemapFailure => Some(64),
+            FaultKind::RecoveryAction(_) => Some(154),
         }
     }
 }
@@ -157,6 +162,9 @@ impl Policy {
         let class = match kind {
             FaultKind::Lost => Class::Drain,
             FaultKind::RemapFailure => Class::Drain,
+            FaultKind::RecoveryAction(0) => Class::Ignore,
+            FaultKind::RecoveryAction(2) => Class::Drain,
+            FaultKind::RecoveryAction(_) => Class::Reset,
             other => default_class(other.xid()),
         };
         match class {
@@ -172,8 +180,8 @@ impl Policy {
         let overrides: Vec<String> = self.overrides.iter().map(|(x, a)| format!("{x}={}", a.as_str())).collect();
         format!(
             "restart on XID 8,11,13,25,31,32,45,69,80,94,109,137,159; {} on XID 46,48,62,74,95,110,119,120,136,140,\
-             143-150,155,158, double-bit ECC and unknown XIDs; drain on XID 54,64,79,151,157, GPU lost and row-remap \
-             failure; ignore the rest of the catalogue{}",
+             143-150,155,158, double-bit ECC and unknown XIDs; drain on XID 54,64,79,151,157, GPU lost, row-remap \
+             failure and a node-reboot recovery action; ignore the rest of the catalogue{}",
             self.on_gpu_fault.as_str(),
             if overrides.is_empty() { String::new() } else { format!("; overrides {}", overrides.join(",")) }
         )
@@ -193,6 +201,8 @@ mod tests {
         assert_eq!(p.action(FaultKind::Xid(Some(48))), Action::Drain, "exclude-class drains by default");
         assert_eq!(p.action(FaultKind::Lost), Action::Drain);
         assert_eq!(p.action(FaultKind::Xid(None)), Action::Drain);
+        assert_eq!(p.action(FaultKind::RecoveryAction(2)), Action::Drain, "node reboot");
+        assert_eq!(p.action(FaultKind::RecoveryAction(0)), Action::Ignore);
     }
 
     #[test]
