@@ -455,6 +455,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),
             extra_env,
+            placements: Vec::new(),
         };
         machine.go(
             State::Starting,

@@ -26,8 +26,21 @@ pub struct GroupSpec {
     pub virtual_local_rank: bool,
     /// `--signals-to-handle` as given; torchrun exports it as TORCHELASTIC_SIGNALS_TO_HANDLE.
     pub signals_to_handle: String,
-    /// Set by muster on top of the contract (the GPUs left after an exclusion).
+    /// Set by muster on top of the contract for every worker (the planned CUDA_VISIBLE_DEVICES).
     pub extra_env: Vec<(String, String)>,
+    /// Per local rank: where the worker runs (empty: no placement, inherit the agent's).
+    pub placements: Vec<Placement>,
+}
+
+/// Where one worker runs: applied in the child before exec, so no numactl is needed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// CPU affinity.
+    pub cpus: Option<Vec<u32>>,
+    /// Preferred NUMA node for memory (`--numa-binding node`).
+    pub mem_node: Option<u32>,
+    /// This worker's own CUDA_VISIBLE_DEVICES (`--virtual-local-rank`), overriding the shared one.
+    pub visible_devices: Option<String>,
 }
 
 impl GroupSpec {
@@ -68,7 +81,10 @@ pub fn worker_env(
         env.push(("OMP_NUM_THREADS", "1".into()));
     }
     env.extend(spec.extra_env.iter().map(|(k, v)| (k.as_str(), v.clone())));
-    if spec.virtual_local_rank {
+    let own = spec.placements.get(local_rank as usize).and_then(|p| p.visible_devices.clone());
+    if let Some(own) = own {
+        env.push(("CUDA_VISIBLE_DEVICES", own));
+    } else if spec.virtual_local_rank {
         // torchrun: the parent's list entry for this rank (HIP_VISIBLE_DEVICES first when set), else the rank.
         let (source, also_hip) = match parent("HIP_VISIBLE_DEVICES") {
             Some(h) => (Some(h), true),
@@ -115,6 +131,7 @@ mod tests {
             virtual_local_rank: false,
             signals_to_handle: "SIGTERM".into(),
             extra_env: Vec::new(),
+            placements: Vec::new(),
         }
     }
 

@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::config::Entrypoint;
 use crate::template::safe_substitute;
-pub use env::GroupSpec;
+pub use env::{GroupSpec, Placement};
 use failure::ProcessFailure;
 use logs::{AttemptLogs, Stream, StreamPlan, WorkerTag};
 use reaper::{OrphanGuard, OWN_CHILDREN};
@@ -126,7 +126,8 @@ impl WorkerGroup {
                 .iter()
                 .map(|a| safe_substitute(a, &[("local_rank", &local_rank.to_string())]))
                 .collect();
-            let spawned = spawn_worker(&entry.program, &args, &env, out.stdio(), err.stdio());
+            let placement = spec.placements.get(local_rank as usize).cloned().unwrap_or_default();
+            let spawned = spawn_worker(&entry.program, &args, &env, &placement, out.stdio(), err.stdio());
             let mut child = match spawned {
                 Ok(c) => c,
                 Err(source) => {
@@ -297,15 +298,35 @@ impl WorkerGroup {
     }
 }
 
-/// Spawns one worker: its own session, SIGKILL when the agent dies.
+/// `set_mempolicy(2)` mode: prefer the node, fall back to others rather than fail an allocation.
+const MPOL_PREFERRED: libc::c_int = 1;
+
+/// Spawns one worker: its own session, SIGKILL when the agent dies, its CPU and memory placement.
 fn spawn_worker(
     program: &std::path::Path,
     args: &[String],
     env: &[(String, String)],
+    placement: &Placement,
     stdout: std::process::Stdio,
     stderr: std::process::Stdio,
 ) -> std::io::Result<tokio::process::Child> {
     let parent = nix::unistd::getpid();
+    // Built before fork: the child only makes syscalls with them.
+    let cpus = match &placement.cpus {
+        Some(list) => {
+            let mut set = nix::sched::CpuSet::new();
+            for cpu in list {
+                set.set(*cpu as usize).map_err(std::io::Error::from)?;
+            }
+            Some(set)
+        }
+        None => None,
+    };
+    let mem_mask: Option<[libc::c_ulong; 16]> = placement.mem_node.filter(|n| *n < 1024).map(|n| {
+        let mut mask = [0 as libc::c_ulong; 16];
+        mask[(n / 64) as usize] |= 1 << (n % 64);
+        mask
+    });
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdout(stdout).stderr(stderr);
     // SAFETY: only async-signal-safe calls (setsid, prctl, getppid, raise) run between fork and exec.
@@ -315,6 +336,16 @@ fn spawn_worker(
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
             if nix::unistd::getppid() != parent {
                 let _ = nix::sys::signal::raise(Signal::SIGKILL);
+            }
+            if let Some(set) = &cpus {
+                nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), set).map_err(std::io::Error::from)?;
+            }
+            if let Some(mask) = &mem_mask {
+                // SAFETY: the mask outlives the call; maxnode is the mask's size in bits.
+                let rc = libc::syscall(libc::SYS_set_mempolicy, MPOL_PREFERRED, mask.as_ptr(), 1024 as libc::c_ulong);
+                if rc != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
