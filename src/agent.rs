@@ -24,7 +24,7 @@ use crate::store::StoreError;
 use crate::supervisor::failure::ProcessFailure;
 use crate::supervisor::logs::{LogError, RunLogs};
 use crate::supervisor::reaper::{self, OrphanGuard};
-use crate::supervisor::{GroupOutcome, GroupSpec, SupervisorError, WorkerGroup};
+use crate::supervisor::{GroupOutcome, GroupSpec, Placement, SupervisorError, WorkerGroup};
 use crate::telemetry::Events;
 
 #[derive(Debug, thiserror::Error)]
@@ -422,19 +422,33 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             let (port, addr) = v.split_once(' ').unwrap_or(("0", ""));
             (addr.to_string(), port.parse().map_err(|_| RdzvError::State(format!("bad master endpoint '{v}'")))?)
         };
-        let mut extra_env = Vec::new();
-        if let Some(g) = &gpus {
-            let usable: Vec<GpuInfo> = g.all.iter().filter(|gpu| !excluded.contains(&gpu.index)).cloned().collect();
-            let in_use: Vec<GpuInfo> = usable.iter().take(nproc as usize).cloned().collect();
+        let plan = cfg.placement(nproc, &excluded).map_err(|e| AgentError::Gpu(e.to_string()))?;
+        let (extra_env, placements) = match &plan {
+            Some(plan) => {
+                let env = vec![
+                    ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
+                    ("CUDA_VISIBLE_DEVICES".to_string(), plan.visible_devices.clone()),
+                ];
+                let node_mode = cfg.numa_binding.as_deref() == Some("node");
+                let placements = plan
+                    .ranks
+                    .iter()
+                    .map(|r| Placement {
+                        cpus: r.cpus.clone(),
+                        mem_node: if node_mode { Some(r.numa_node.unwrap_or(0)) } else { None },
+                        visible_devices: r.visible_devices.clone(),
+                    })
+                    .collect();
+                (env, placements)
+            }
+            None => (Vec::new(), Vec::new()),
+        };
+        if let (Some(g), Some(plan)) = (&gpus, &plan) {
+            let in_use: Vec<GpuInfo> =
+                plan.ranks.iter().filter_map(|r| g.all.iter().find(|gpu| gpu.index == r.gpu_index).cloned()).collect();
             if let Err(e) = health::check_before_spawn(g.nvml, &in_use, cfg.gpu_wait_timeout).await {
                 machine.go(State::Failed, json!({ "error": e }));
                 return Err(AgentError::Gpu(e));
-            }
-            if !excluded.is_empty() {
-                // Workers index GPUs by LOCAL_RANK; NVML order is PCI bus order.
-                let visible: Vec<String> = usable.iter().map(|gpu| gpu.index.to_string()).collect();
-                extra_env.push(("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()));
-                extra_env.push(("CUDA_VISIBLE_DEVICES".to_string(), visible.join(",")));
             }
         }
         let spec = GroupSpec {
@@ -455,7 +469,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),
             extra_env,
-            placements: Vec::new(),
+            placements,
         };
         machine.go(
             State::Starting,

@@ -9,7 +9,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -398,6 +398,7 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         max_nodes: max,
         join_timeout: timeout,
         last_call_timeout: last_call,
+        // torchrun's defaults: the heartbeats run during the join, as an agent's do.
         exit_barrier_timeout: Duration::from_secs(300),
         keep_alive_interval: Duration::from_secs(5),
         keep_alive_max_attempt: 3,
@@ -447,7 +448,7 @@ async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration)
     };
 
     // How many nodes got through register(), for the diagnosis when the run times out.
-    let registered_count = Arc::new(AtomicU64::new(0));
+    let registered_count = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
     let mut tasks = JoinSet::new();
     for node in 0..nodes {
@@ -512,7 +513,7 @@ async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration)
                 return Err(BenchError::TimedOut {
                     timeout,
                     nodes,
-                    registered: registered_count.load(Ordering::Relaxed) as usize,
+                    registered: registered_count.load(Ordering::Relaxed),
                     sealed: outcomes.len(),
                 })
             }

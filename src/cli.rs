@@ -186,6 +186,10 @@ pub struct Cli {
           action = ArgAction::SetTrue, value_parser = pet_flag)]
     pub virtual_local_rank: bool,
 
+    /// muster: the GPUs this node uses, as NVML indices or UUIDs (default: every visible GPU), e.g. 0,2,4.
+    #[arg(long, env = "MUSTER_GPUS")]
+    pub gpus: Option<String>,
+
     /// muster: what a fault that needs a GPU reset (XID 48, 95, 119, ...) does: exclude the GPU and go on with
     /// one worker fewer, or drain the node.
     #[arg(long = "on-gpu-fault", env = "MUSTER_ON_GPU_FAULT", default_value = "drain",

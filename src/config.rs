@@ -195,12 +195,44 @@ pub struct LaunchConfig {
     pub event_log_console: bool,
     /// What each GPU fault does.
     pub gpu_policy: crate::gpu::xid::Policy,
+    /// `--numa-binding` mode (torch's names).
+    pub numa_binding: Option<String>,
+    /// `--gpus`: the GPUs to use.
+    pub gpus: Option<String>,
     /// The user's hook for a drained node.
     pub on_node_fault: Option<String>,
     pub gpu_wait_timeout: Duration,
 }
 
 impl LaunchConfig {
+    /// Whether the user asked for GPU placement explicitly (then an impossible one is an error; otherwise a
+    /// job with more workers than GPUs, e.g. a CPU job on a GPU node, simply runs without placement).
+    pub fn wants_gpu_placement(&self) -> bool {
+        self.gpus.is_some() || self.numa_binding.is_some() || matches!(self.nproc_spec.as_str(), "gpu" | "auto")
+    }
+
+    /// The GPU placement for `excluded` GPUs (None: no NVML, no GPU, or not applicable to this job).
+    pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
+        let plan = crate::plan::placement_for(
+            nproc,
+            self.numa_binding.as_deref(),
+            self.gpus.as_deref(),
+            excluded,
+            self.virtual_local_rank,
+        );
+        match plan {
+            Ok(None) if self.numa_binding.is_some() || self.gpus.is_some() => Err(bad(
+                "'--numa-binding' and '--gpus' need NVIDIA GPUs, and NVML reports none on this node",
+            )),
+            Ok(plan) => Ok(plan),
+            Err(e) if self.wants_gpu_placement() => Err(bad(e)),
+            Err(e) => {
+                tracing::info!("no GPU placement for this job: {e}");
+                Ok(None)
+            }
+        }
+    }
+
     /// Where agent events go (`--event-log-handler`).
     pub fn events(&self) -> crate::telemetry::Events {
         crate::telemetry::Events { console: self.event_log_console }
@@ -448,12 +480,6 @@ impl LaunchConfig {
         if let Some(specs) = cli.logs_specs.as_deref().filter(|s| *s != "default") {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
-        if let Some(mode) = &cli.numa_binding {
-            return Err(bad(format!(
-                "'--numa-binding {mode}' is not available in this muster version yet (topology placement is \
-                 planned); run without it"
-            )));
-        }
         if let Some(shell) = &cli.print_completion {
             return Err(bad(format!("'--print-completion {shell}' is not supported by muster")));
         }
@@ -573,6 +599,8 @@ impl LaunchConfig {
             gpu_policy: crate::gpu::xid::Policy::parse(&cli.on_gpu_fault, &cli.xid_policy)
                 .map_err(|e| bad(e.to_string()))?,
             on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),
+            numa_binding: cli.numa_binding.clone(),
+            gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
         })
     }

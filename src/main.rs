@@ -24,9 +24,8 @@ fn main() -> ExitCode {
         muster::telemetry::init();
         return ExitCode::from(u8::try_from(muster::doctor::doctor_main(&args[2..])).unwrap_or(1));
     }
-    if let Some(word @ "plan") = args.get(1).map(String::as_str) {
-        eprintln!("muster: error: 'muster {word}' is not available in this muster version yet (run ./{word} for a script of that name)");
-        return ExitCode::from(2);
+    if args.get(1).map(String::as_str) == Some("plan") {
+        return ExitCode::from(u8::try_from(muster::plan::plan_main(&args[2..])).unwrap_or(1));
     }
     let cli = match Cli::try_parse_from(&args) {
         Ok(cli) => cli,
@@ -55,6 +54,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // An impossible GPU placement is bad input too: refuse it before anything starts.
+    if let Err(e) = cfg.placement(cfg.nproc_per_node, &Default::default()) {
+        eprintln!("muster: error: {e}");
+        return ExitCode::from(2);
+    }
     // Forked before any thread exists; see supervisor/reaper.rs.
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),

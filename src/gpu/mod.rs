@@ -6,6 +6,7 @@
 //! - `health.rs`: the watcher thread (NVML events and counters) and the checks before a spawn.
 
 pub mod health;
+pub mod topology;
 pub mod xid;
 
 use std::ffi::OsString;

@@ -113,10 +113,36 @@ struct Record {
     pref_rank: Option<u32>,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// The sealed membership, in group-rank order. Every member reads it once per round, so it is a compact
+/// line per member (`<nproc> <addr> <id>`) rather than JSON: at thousands of nodes, parsing dominates.
+#[derive(Debug, Clone)]
 struct Seal {
-    /// Members in group-rank order.
     members: Vec<NodeInfo>,
+}
+
+impl Seal {
+    fn encode(&self) -> Vec<u8> {
+        let mut out = String::with_capacity(self.members.len() * 48);
+        for m in &self.members {
+            out.push_str(&format!("{} {} {}\n", m.nproc, m.addr, m.id));
+        }
+        out.into_bytes()
+    }
+
+    fn decode(bytes: &[u8]) -> Result<Seal, RdzvError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| RdzvError::State(format!("bad seal: {e}")))?;
+        let members = text
+            .lines()
+            .map(|l| {
+                let mut f = l.splitn(3, ' ');
+                match (f.next().and_then(|n| n.parse().ok()), f.next(), f.next()) {
+                    (Some(nproc), Some(addr), Some(id)) => Ok(NodeInfo { id: id.into(), addr: addr.into(), nproc }),
+                    _ => Err(RdzvError::State(format!("bad seal line '{l}'"))),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Seal { members })
+    }
 }
 
 /// One sealed round, from this node's point of view.
@@ -328,8 +354,7 @@ impl<S: Store> Rendezvous<S> {
             let mut last_call: Option<Instant> = None;
             loop {
                 if let Some(seal) = self.store.get(&sealed_key).await? {
-                    let seal: Seal =
-                        serde_json::from_slice(&seal).map_err(|e| RdzvError::State(format!("bad seal: {e}")))?;
+                    let seal = Seal::decode(&seal)?;
                     if let Some(info) = self.round_info(round, &seal) {
                         let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
                         self.prev_rank = Some(info.group_rank);
@@ -462,8 +487,7 @@ impl<S: Store> Rendezvous<S> {
             self.store.add(&lock, -1).await?;
             return Ok(());
         }
-        let seal = serde_json::to_vec(&Seal { members }).map_err(|e| RdzvError::State(e.to_string()))?;
-        self.store.set(&self.key(&format!("r/{round}/sealed")), &seal).await?;
+        self.store.set(&self.key(&format!("r/{round}/sealed")), &Seal { members }.encode()).await?;
         Ok(())
     }
 

@@ -48,6 +48,16 @@ fn static_ranks_must_be_exact() {
 }
 
 #[test]
+fn seals_round_trip() {
+    let members = vec![
+        NodeInfo { id: "h1_10_0".into(), addr: "h1".into(), nproc: 8 },
+        NodeInfo { id: "[::1]_11_0".into(), addr: "::1".into(), nproc: 2 },
+    ];
+    assert_eq!(Seal::decode(&Seal { members: members.clone() }.encode()).unwrap().members, members);
+    assert!(Seal::decode(b"x y").is_err());
+}
+
+#[test]
 fn round_values() {
     assert_eq!(parse_round(b"3"), (3, None));
     assert_eq!(parse_round(b"4/2"), (4, Some(2)));
