@@ -125,7 +125,7 @@ fn virtual_local_rank_gives_each_worker_its_own_gpu() {
     assert!(out.status.success(), "{}", out.stderr);
     let mut lines: Vec<&str> = out.stdout.lines().filter(|l| l.starts_with("V ")).collect();
     lines.sort();
-    assert_eq!(lines, ["V 0 0 0", "V 1 0 1"], "LOCAL_RANK=0 and one GPU per worker, as torchrun");
+    assert_eq!(lines, ["V 0 0 0", "V 1 0 1"], "LOCAL_RANK=0 and one GPU per worker, as torchrun: {}", out.stderr);
 }
 
 #[test]

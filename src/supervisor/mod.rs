@@ -279,7 +279,7 @@ impl WorkerGroup {
     /// Kills whatever is left in the workers' sessions and lets the tee pipes drain.
     async fn finish(&mut self) {
         let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
-        let killed = reaper::kill_sessions(&sessions);
+        let killed = reaper::kill_sessions(&sessions, Some(std::process::id() as i32));
         if killed > 0 {
             tracing::info!(killed, "killed processes left behind in the workers' sessions");
         }

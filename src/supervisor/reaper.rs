@@ -52,16 +52,34 @@ pub fn processes() -> Vec<ProcStat> {
 
 /// SIGKILLs every live process whose session is one of `sessions`, repeating while new ones appear (a
 /// process may fork between the scan and the kill). Returns how many were signalled.
-pub fn kill_sessions(sessions: &HashSet<i32>) -> usize {
+///
+/// With `ancestor`, only that process's descendants are candidates: once a worker (the session leader) has
+/// exited its PID, and so the session id, may be reused by an unrelated new session — another job's worker.
+/// The agent, a subreaper, is the ancestor of everything its workers left behind; the orphan guard, which
+/// runs after the agent is gone, has no ancestor to check and sweeps at once.
+pub fn kill_sessions(sessions: &HashSet<i32>, ancestor: Option<i32>) -> usize {
     if sessions.is_empty() {
         return 0;
     }
     let me = std::process::id() as i32;
     let mut total = 0;
     for _ in 0..5 {
-        let victims: Vec<i32> = processes()
-            .into_iter()
+        let all = processes();
+        let parent: std::collections::HashMap<i32, i32> = all.iter().map(|p| (p.pid, p.ppid)).collect();
+        let descends = |mut pid: i32, from: i32| {
+            for _ in 0..64 {
+                match parent.get(&pid) {
+                    Some(&ppid) if ppid == from => return true,
+                    Some(&ppid) if ppid > 1 => pid = ppid,
+                    _ => return false,
+                }
+            }
+            false
+        };
+        let victims: Vec<i32> = all
+            .iter()
             .filter(|p| sessions.contains(&p.session) && p.state != 'Z' && p.pid != me)
+            .filter(|p| ancestor.is_none_or(|a| descends(p.pid, a)))
             .map(|p| p.pid)
             .collect();
         if victims.is_empty() {
@@ -198,7 +216,7 @@ fn guard_main(read: OwnedFd) -> ! {
             _ => {}
         }
     }
-    kill_sessions(&sessions);
+    kill_sessions(&sessions, None);
     std::process::exit(0)
 }
 
