@@ -91,7 +91,8 @@ fn workers_run_where_the_plan_says() {
     std::fs::write(
         &script,
         "import os\nallowed = [l.split(':', 1)[1].strip() for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')][0]\n\
-         print('WHERE', os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'], allowed)\n",
+         line = ' '.join(['WHERE', os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], os.environ['CUDA_DEVICE_ORDER'], allowed])\n\
+         os.write(1, (line + '\\n').encode())  # one write: workers share the agent's stdout\n",
     )
     .unwrap();
     let out = run(muster().args([&nproc_flag, "--numa-binding=exclusive"]).arg(&script).envs(env), Duration::from_secs(60));
@@ -119,7 +120,10 @@ fn virtual_local_rank_gives_each_worker_its_own_gpu() {
     let dir = tempfile::tempdir().unwrap();
     let env = machine(dir.path(), &allowed_cpus()[..1], 2);
     let script = dir.path().join("v.py");
-    std::fs::write(&script, "import os\nprint('V', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'])\n")
+    std::fs::write(
+        &script,
+        "import os\nos.write(1, ' '.join(['V', os.environ['RANK'], os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES']]).encode() + b'\\n')\n",
+    )
         .unwrap();
     let out = run(muster().args(["--nproc-per-node=2", "--virtual-local-rank"]).arg(&script).envs(env), Duration::from_secs(60));
     assert!(out.status.success(), "{}", out.stderr);
