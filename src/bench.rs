@@ -92,23 +92,13 @@ enum BenchError {
 
 /// Entry point of `muster bench ARGS...` (`args` after the subcommand); returns the exit code.
 pub fn bench_main(args: &[String]) -> i32 {
-    let args = match BenchArgs::try_parse_from(std::iter::once("muster bench".to_owned()).chain(args.iter().cloned())) {
-        Ok(args) => args,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() { 2 } else { 0 };
-        }
+    let args: BenchArgs = match crate::cli::parse_subcommand("bench", args) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
     // Errors only by default: one line per simulated node (a slow heartbeat under load, a spare waiting)
     // would drown the summary; RUST_LOG=warn shows them.
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("error")),
-        )
-        .with_target(false)
-        .try_init();
+    crate::telemetry::init_with("error");
     match args.command {
         BenchCommand::Rendezvous(args) => match bench_rendezvous(&args) {
             Ok(report) => {

@@ -219,6 +219,20 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
+/// Parses the arguments of a tool subcommand (`muster NAME ARGS...`, `args` after NAME): the arguments, or
+/// the exit code once clap has printed the help or version (0) or the one-line error (2).
+pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32> {
+    T::try_parse_from(std::iter::once(format!("muster {name}")).chain(args.iter().cloned())).map_err(|e| {
+        if e.use_stderr() {
+            eprintln!("muster {name}: error: {}", one_line(&e));
+            2
+        } else {
+            let _ = e.print();
+            0
+        }
+    })
+}
+
 /// A command-line error reduced to one line that names the flag and what is valid.
 pub fn one_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();

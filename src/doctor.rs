@@ -27,12 +27,9 @@ struct DoctorArgs {
 
 /// Entry point of `muster doctor ARGS...`; returns the exit code.
 pub fn doctor_main(args: &[String]) -> i32 {
-    let args = match DoctorArgs::try_parse_from(std::iter::once("muster doctor".to_string()).chain(args.iter().cloned())) {
+    let args: DoctorArgs = match crate::cli::parse_subcommand("doctor", args) {
         Ok(a) => a,
-        Err(e) => {
-            let _ = e.print();
-            return if e.use_stderr() { 2 } else { 0 };
-        }
+        Err(code) => return code,
     };
     let policy = match Policy::parse(&args.on_gpu_fault, &args.xid_policy) {
         Ok(p) => p,

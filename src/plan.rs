@@ -168,16 +168,9 @@ fn allowed_cpus(root: &Path) -> Option<BTreeSet<u32>> {
 
 /// Entry point of `muster plan ARGS...`; returns the exit code.
 pub fn plan_main(args: &[String]) -> i32 {
-    let args = match PlanArgs::try_parse_from(std::iter::once("muster plan".to_string()).chain(args.iter().cloned())) {
+    let args: PlanArgs = match crate::cli::parse_subcommand("plan", args) {
         Ok(a) => a,
-        Err(e) if !e.use_stderr() => {
-            let _ = e.print();
-            return 0;
-        }
-        Err(e) => {
-            eprintln!("muster plan: error: {}", crate::cli::one_line(&e));
-            return 2;
-        }
+        Err(code) => return code,
     };
     let nproc = match args.nproc_per_node.as_deref().map(str::trim) {
         None | Some("gpu" | "auto") => Nproc::AllUsable,

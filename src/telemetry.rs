@@ -11,15 +11,19 @@ use serde_json::{json, Value};
 use tracing_subscriber::EnvFilter;
 
 pub fn init() {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        let level = match std::env::var("LOGLEVEL").unwrap_or_default().to_ascii_uppercase().as_str() {
-            "DEBUG" => "debug",
-            "WARNING" | "WARN" => "warn",
-            "ERROR" | "CRITICAL" => "error",
-            _ => "info",
-        };
-        EnvFilter::new(format!("muster={level}"))
-    });
+    let level = match std::env::var("LOGLEVEL").unwrap_or_default().to_ascii_uppercase().as_str() {
+        "DEBUG" => "debug",
+        "WARNING" | "WARN" => "warn",
+        "ERROR" | "CRITICAL" => "error",
+        _ => "info",
+    };
+    init_with(&format!("muster={level}"));
+}
+
+/// Logging to stderr with `default` as the filter unless `RUST_LOG` gives one (tool subcommands choose
+/// their own default: `muster bench` shows only errors, for one).
+pub fn init_with(default: &str) {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -29,22 +29,11 @@ struct StoreArgs {
 
 /// Entry point of `muster store ARGS...` (`args` after the subcommand); returns the exit code.
 pub fn store_main(args: &[String]) -> i32 {
-    let args = match StoreArgs::try_parse_from(
-        std::iter::once("muster store".to_owned()).chain(args.iter().cloned()),
-    ) {
-        Ok(args) => args,
-        Err(err) => {
-            let _ = err.print();
-            return if err.use_stderr() { 2 } else { 0 };
-        }
+    let args: StoreArgs = match crate::cli::parse_subcommand("store", args) {
+        Ok(a) => a,
+        Err(code) => return code,
     };
-    let _ = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .try_init();
+    crate::telemetry::init_with("info");
     let config = ServerConfig {
         max_frame_bytes: args.max_frame_bytes,
         max_connections: args.max_connections,
