@@ -141,3 +141,60 @@ fn too_many_workers_for_the_usable_gpus_is_bad_input() {
     let line = out.stderr.lines().last().unwrap_or_default();
     assert!(line.contains("--nproc-per-node") && line.contains('3') && line.contains('2'), "{line}");
 }
+
+/// The HGX fixture's GPUs (NV18 all-to-all, GPUs 0-3 on NUMA 0, 4-7 on NUMA 1) on a sysfs tree whose two NUMA
+/// nodes are two CPUs this test may use.
+#[test]
+fn an_hgx_job_with_exclusive_binding_runs_each_rank_on_its_gpus_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let cpus: Vec<u32> = allowed_cpus().into_iter().take(2).collect();
+    assert_eq!(cpus.len(), 2, "this test needs two CPUs");
+    let sys = dir.path().join("sys");
+    let fixture_path = fixture("gpu/hgx-h100.json");
+    let hgx: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&fixture_path).unwrap()).unwrap();
+    for (node, cpu) in cpus.iter().enumerate() {
+        let n = sys.join(format!("devices/system/node/node{node}"));
+        std::fs::create_dir_all(&n).unwrap();
+        std::fs::write(n.join("cpulist"), format!("{cpu}\n")).unwrap();
+        let topo = sys.join(format!("devices/system/cpu/cpu{cpu}/topology"));
+        std::fs::create_dir_all(&topo).unwrap();
+        std::fs::write(topo.join("physical_package_id"), format!("{node}\n")).unwrap();
+        std::fs::write(topo.join("thread_siblings_list"), format!("{cpu}\n")).unwrap();
+    }
+    for gpu in hgx["gpus"].as_array().unwrap() {
+        let bdf = gpu["pci_bus_id"].as_str().unwrap().to_lowercase().replacen("00000000:", "0000:", 1);
+        let pci = sys.join(format!("bus/pci/devices/{bdf}"));
+        std::fs::create_dir_all(&pci).unwrap();
+        std::fs::write(pci.join("numa_node"), format!("{}\n", gpu["numa_node"])).unwrap();
+    }
+    std::fs::write(dir.path().join("events"), "").unwrap();
+    let env = vec![
+        ("MUSTER_NVML_LIBRARY", fake_nvml::library().display().to_string()),
+        ("FAKE_NVML_CONFIG", fixture_path.display().to_string()),
+        ("FAKE_NVML_EVENTS_FILE", dir.path().join("events").display().to_string()),
+        ("MUSTER_SYSFS_ROOT", sys.display().to_string()),
+    ];
+    let script = dir.path().join("where.py");
+    std::fs::write(
+        &script,
+        "import os\nallowed = [l.split(':', 1)[1].strip() for l in open('/proc/self/status') if l.startswith('Cpus_allowed_list')][0]\n\
+         os.write(1, ' '.join(['WHERE', os.environ['LOCAL_RANK'], os.environ['CUDA_VISIBLE_DEVICES'], allowed]).encode() + b'\\n')\n",
+    )
+    .unwrap();
+    let flags = ["--nproc-per-node=2", "--gpus=0,4", "--numa-binding=exclusive"];
+    let plan = run(muster().arg("plan").args(flags).arg("--format=json").envs(env.clone()), Duration::from_secs(60));
+    assert!(plan.status.success(), "{}", plan.stderr);
+    let plan: serde_json::Value = serde_json::from_str(&plan.stdout).unwrap();
+    let out = run(muster().args(flags).arg(&script).envs(env), Duration::from_secs(60));
+    assert!(out.status.success(), "{}", out.stderr);
+    let mut lines: Vec<Vec<&str>> =
+        out.stdout.lines().filter(|l| l.starts_with("WHERE ")).map(|l| l.split_whitespace().collect()).collect();
+    lines.sort();
+    assert_eq!(lines.len(), 2, "{}", out.stdout);
+    for (rank, line) in lines.iter().enumerate() {
+        assert_eq!(line[1], rank.to_string());
+        assert_eq!(line[2], plan["visible_devices"].as_str().unwrap(), "the same device list for every worker");
+        assert_eq!(plan["ranks"][rank]["numa_node"], rank as u64, "rank {rank} got a GPU on NUMA node {rank}");
+        assert_eq!(parse_cpulist(line[3]), [cpus[rank]], "rank {rank} runs on its GPU's node");
+    }
+}
