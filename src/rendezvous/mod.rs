@@ -4,8 +4,9 @@
 //! store operations and no key is rewritten by every node:
 //! - a join takes a slot from an atomic counter (`r/<R>/slot`) and writes its own record (`r/<R>/m/<slot>`);
 //! - the round is sealed once, by whoever wins the `r/<R>/sealer` counter, when `max` nodes have joined, when
-//!   every node expected by a re-formation has joined, or when the last call after `min` ends; the seal holds
-//!   the members in group-rank order;
+//!   every node expected by a re-formation has joined, or when the last call after `min` ends; the sealer
+//!   writes each member's assignment (`r/<R>/a/<slot>`: its ranks and ring neighbours, O(1) bytes) and then
+//!   the seal (`r/<R>/sealed`, the members in group-rank order, read only to re-form);
 //! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
 //!   connection closes (or the server's TCP keepalive gives up on a vanished host); each member watches the
 //!   next two members in rank order and opens the next round when one dies, so detection costs O(1) per node;
@@ -153,7 +154,28 @@ pub struct RoundInfo {
     pub group_world_size: u32,
     pub base_global_rank: u32,
     pub world_size: u32,
-    pub members: Vec<NodeInfo>,
+    /// The next two members in rank order (those whose liveness this node watches).
+    pub neighbours: Vec<NodeInfo>,
+}
+
+impl RoundInfo {
+    /// One member's view of the round, as the sealer writes it to `r/<R>/a/<slot>`: O(1) bytes per node,
+    /// so nobody reads the whole membership to learn its rank.
+    fn encode(&self) -> Vec<u8> {
+        let mut out = format!("{} {} {} {}\n", self.group_rank, self.group_world_size, self.base_global_rank, self.world_size);
+        out.push_str(&String::from_utf8_lossy(&Seal { members: self.neighbours.clone() }.encode()));
+        out.into_bytes()
+    }
+
+    fn decode(round: u64, bytes: &[u8]) -> Result<RoundInfo, RdzvError> {
+        let bad = || RdzvError::State("bad rank assignment".into());
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let (head, rest) = text.split_once('\n').unwrap_or((text, ""));
+        let n: Vec<u32> = head.split_whitespace().map(str::parse).collect::<Result<_, _>>().map_err(|_| bad())?;
+        let [group_rank, group_world_size, base_global_rank, world_size] = n[..] else { return Err(bad()) };
+        let neighbours = Seal::decode(rest.as_bytes())?.members;
+        Ok(RoundInfo { round, group_rank, group_world_size, base_global_rank, world_size, neighbours })
+    }
 }
 
 /// What ends a running round.
@@ -179,7 +201,7 @@ fn parse_round(v: &[u8]) -> (u64, Option<u32>) {
 }
 
 /// Orders the live joiners of a round into group ranks (pure; see the module docs).
-fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<NodeInfo>, RdzvError> {
+fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Record>, RdzvError> {
     if settings.strict_rank {
         records.sort_by_key(|r| (r.pref_rank.unwrap_or(u32::MAX), r.slot));
         records.dedup_by(|a, b| a.node.id == b.node.id);
@@ -197,7 +219,7 @@ fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Nod
         records.sort_by_key(|r| (r.prev_rank.is_none(), r.prev_rank, r.pref_rank.unwrap_or(u32::MAX), r.slot));
     }
     records.truncate(settings.max_nodes as usize);
-    Ok(records.into_iter().map(|r| r.node).collect())
+    Ok(records)
 }
 
 /// One agent's side of the rendezvous.
@@ -351,48 +373,62 @@ impl<S: Store> Rendezvous<S> {
             let bytes = serde_json::to_vec(&record).map_err(|e| RdzvError::State(e.to_string()))?;
             self.store.set(&self.key(&format!("r/{round}/m/{slot}")), &bytes).await?;
             let sealed_key = self.key(&format!("r/{round}/sealed"));
-            let mut last_call: Option<Instant> = None;
+            let min = i64::from(self.settings.min_nodes);
+            let full = |joined: i64| {
+                joined >= i64::from(self.settings.max_nodes) || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min)
+            };
+            // The node that completes the round seals it at once; from MIN on, the last call starts.
+            if full(slot) {
+                self.try_seal(round).await?;
+            }
+            let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
+            let mut polls = 0u32;
             loop {
-                if let Some(seal) = self.store.get(&sealed_key).await? {
-                    let seal = Seal::decode(&seal)?;
-                    if let Some(info) = self.round_info(round, &seal) {
-                        let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
-                        self.prev_rank = Some(info.group_rank);
-                        self.round_raw = raw;
-                        self.current = Some(info.clone());
-                        self.watch_round(&info).await?;
-                        tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
-                        return Ok(info);
-                    }
-                    self.wait_as_spare(round).await?;
-                    continue 'rounds;
-                }
-                if self.read_round().await?.1 != round {
-                    continue 'rounds;
-                }
-                let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
                 let now = Instant::now();
-                let min = i64::from(self.settings.min_nodes);
-                let full = joined >= i64::from(self.settings.max_nodes)
-                    || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min);
-                if joined >= min && last_call.is_none() {
-                    last_call = Some(now + self.settings.last_call_timeout);
-                }
-                if full || last_call.is_some_and(|t| now >= t) {
-                    self.try_seal(round).await?;
-                    continue;
-                }
                 if now >= deadline {
                     return Err(RdzvError::Timeout {
                         run_id: self.settings.run_id.clone(),
                         timeout: self.settings.join_timeout,
-                        joined,
+                        joined: self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?,
                         min: self.settings.min_nodes,
                     });
                 }
-                // Sleep on the seal; wake to re-check the count at the last call, or every second.
+                // Sleep on the seal in slices of at most a second (heartbeats share the connection).
                 let wake = last_call.unwrap_or(now + Duration::from_secs(1)).min(deadline);
-                self.wait_key(&sealed_key, wake.saturating_duration_since(now)).await?;
+                let slice = wake.saturating_duration_since(now).min(Duration::from_secs(1));
+                if self.store.wait(&sealed_key, slice).await? {
+                    let assignment = self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await?;
+                    let Some(assignment) = assignment else {
+                        self.wait_as_spare(round).await?;
+                        continue 'rounds;
+                    };
+                    let info = RoundInfo::decode(round, &assignment)?;
+                    let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                    self.prev_rank = Some(info.group_rank);
+                    self.round_raw = raw;
+                    self.current = Some(info.clone());
+                    self.watch_round(&info).await?;
+                    tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
+                    return Ok(info);
+                }
+                polls += 1;
+                let now = Instant::now();
+                // Below MIN when this node joined: count the others (one cheap read per slice) until the last
+                // call starts; a backup for the node that reached MIN, should it die before sealing.
+                if last_call.is_none() {
+                    let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+                    if full(joined) {
+                        self.try_seal(round).await?;
+                    } else if joined >= min {
+                        last_call = Some(now + self.settings.last_call_timeout);
+                    }
+                }
+                if last_call.is_some_and(|t| now >= t) {
+                    self.try_seal(round).await?;
+                }
+                if polls % 5 == 0 && self.read_round().await?.1 != round {
+                    continue 'rounds;
+                }
             }
         }
     }
@@ -402,11 +438,7 @@ impl<S: Store> Rendezvous<S> {
     /// whoever sees a death opens the next round, which every member sees). Then re-reads them, so a change
     /// between the seal and the watch is not missed.
     async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
-        let n = info.members.len();
-        let neighbours: Vec<&NodeInfo> = (1..n.min(3))
-            .map(|d| &info.members[(info.group_rank as usize + d) % n])
-            .filter(|m| m.id != self.me.id)
-            .collect();
+        let neighbours = &info.neighbours;
         let mut targets = vec![
             WatchTarget::Key(self.key("round")),
             WatchTarget::Key(self.key("closed")),
@@ -416,7 +448,7 @@ impl<S: Store> Rendezvous<S> {
         self.events = Some(self.store.watch(&targets).await?);
         self.neighbours = neighbours.iter().map(|m| (m.id.clone(), None, 0)).collect();
         self.pending = None;
-        for m in &neighbours {
+        for m in neighbours {
             if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
                 self.pending = Some(RdzvEvent::PeerLost(m.id.clone()));
             }
@@ -428,19 +460,6 @@ impl<S: Store> Rendezvous<S> {
             self.pending = Some(RdzvEvent::Closed);
         }
         Ok(())
-    }
-
-    fn round_info(&self, round: u64, seal: &Seal) -> Option<RoundInfo> {
-        let group_rank = seal.members.iter().position(|m| m.id == self.me.id)?;
-        let base_global_rank = seal.members[..group_rank].iter().map(|m| m.nproc).sum();
-        Some(RoundInfo {
-            round,
-            group_rank: group_rank as u32,
-            group_world_size: seal.members.len() as u32,
-            base_global_rank,
-            world_size: seal.members.iter().map(|m| m.nproc).sum(),
-            members: seal.members.clone(),
-        })
     }
 
     /// Waits for `key` in slices of at most a second: the connection is shared with the heartbeat task,
@@ -481,12 +500,24 @@ impl<S: Store> Rendezvous<S> {
                 by_node.entry(r.node.id.clone()).or_insert(r);
             }
         }
-        let members = assign_ranks(by_node.into_values().collect(), &self.settings)?;
-        if members.len() < self.settings.min_nodes as usize {
+        let ranked = assign_ranks(by_node.into_values().collect(), &self.settings)?;
+        if ranked.len() < self.settings.min_nodes as usize {
             // Joiners died before the seal: release the lock and keep waiting for more.
             self.store.add(&lock, -1).await?;
             return Ok(());
         }
+        let members: Vec<NodeInfo> = ranked.iter().map(|r| r.node.clone()).collect();
+        let (n, world_size) = (members.len(), members.iter().map(|m| m.nproc).sum());
+        let mut base_global_rank = 0;
+        let mut assignments = Vec::with_capacity(n);
+        for (rank, record) in ranked.iter().enumerate() {
+            let neighbours = (1..n.min(3)).map(|d| members[(rank + d) % n].clone()).collect();
+            let info = RoundInfo { round, group_rank: rank as u32, group_world_size: n as u32, base_global_rank, world_size, neighbours };
+            assignments.push((self.key(&format!("r/{round}/a/{}", record.slot)), info.encode()));
+            base_global_rank += record.node.nproc;
+        }
+        // Assignments first: a node woken by the seal reads its own at once.
+        self.store.multi_set(&assignments).await?;
         self.store.set(&self.key(&format!("r/{round}/sealed")), &Seal { members }.encode()).await?;
         Ok(())
     }
@@ -513,7 +544,8 @@ impl<S: Store> Rendezvous<S> {
         let Some(current) = &self.current else { return Ok(()) };
         let alive = self.alive_nodes().await?;
         let waiting = self.store.list(&self.key("waiting/")).await?.len();
-        let members = current.members.iter().filter(|m| alive.contains(&m.id)).count();
+        let seal = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await?.unwrap_or_default();
+        let members = Seal::decode(&seal)?.members.iter().filter(|m| alive.contains(&m.id)).count();
         let expected = (members + waiting).min(self.settings.max_nodes as usize);
         let to = format!("{}/{expected}", current.round + 1);
         let key = self.key("round");
@@ -535,8 +567,8 @@ impl<S: Store> Rendezvous<S> {
             return Err(RdzvError::State("no round is running".into()));
         };
         let Some(events) = events.as_mut() else { return Err(RdzvError::StoreLost) };
-        let members: HashSet<&str> = current.members.iter().map(|m| m.id.as_str()).collect();
-        let room = current.members.len() < settings.max_nodes as usize;
+        let members: HashSet<&str> = current.neighbours.iter().map(|m| m.id.as_str()).collect();
+        let room = current.group_world_size < settings.max_nodes;
         let mut batch_until: Option<Instant> = None;
         let mut check = tokio::time::interval(settings.keep_alive_interval);
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

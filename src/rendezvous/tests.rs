@@ -23,8 +23,8 @@ fn settings(max: u32, strict: bool) -> Settings {
     }
 }
 
-fn ids(v: &[NodeInfo]) -> Vec<&str> {
-    v.iter().map(|n| n.id.as_str()).collect()
+fn ids(v: &[Record]) -> Vec<&str> {
+    v.iter().map(|r| r.node.id.as_str()).collect()
 }
 
 #[test]
@@ -55,6 +55,20 @@ fn seals_round_trip() {
     ];
     assert_eq!(Seal::decode(&Seal { members: members.clone() }.encode()).unwrap().members, members);
     assert!(Seal::decode(b"x y").is_err());
+}
+
+#[test]
+fn assignments_round_trip() {
+    let info = RoundInfo {
+        round: 3,
+        group_rank: 1,
+        group_world_size: 3,
+        base_global_rank: 8,
+        world_size: 24,
+        neighbours: vec![NodeInfo { id: "h2_1_0".into(), addr: "h2".into(), nproc: 8 }],
+    };
+    assert_eq!(RoundInfo::decode(3, &info.encode()).unwrap(), info);
+    assert!(RoundInfo::decode(3, b"1 2").is_err());
 }
 
 #[test]
@@ -163,12 +177,17 @@ mod shared {
         let mut by_rank: Vec<&RoundInfo> = joined.iter().map(|(_, i)| i).collect();
         by_rank.sort_by_key(|i| i.group_rank);
         assert_eq!(by_rank.iter().map(|i| i.group_rank).collect::<Vec<_>>(), [0, 1, 2]);
+        let nproc_of_rank: Vec<u32> = {
+            let mut by: Vec<(u32, u32)> = joined.iter().map(|(a, i)| (i.group_rank, a.me().nproc)).collect();
+            by.sort();
+            by.into_iter().map(|(_, n)| n).collect()
+        };
         let mut base = 0;
         for info in by_rank {
             assert_eq!(info.group_world_size, 3);
             assert_eq!(info.world_size, 6);
             assert_eq!(info.base_global_rank, base, "prefix sum of nproc in group-rank order");
-            base += info.members[info.group_rank as usize].nproc;
+            base += nproc_of_rank[info.group_rank as usize];
         }
     }
 

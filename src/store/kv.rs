@@ -25,6 +25,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Vec<u8>, StoreError>> + Send;
     /// Waits until `key` exists: true, or false after `timeout`.
     fn wait(&self, key: &str, timeout: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// Sets several keys in one request.
+    fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Values of keys that exist.
     fn multi_get(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send;
     /// Every key under `prefix`.

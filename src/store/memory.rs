@@ -140,6 +140,11 @@ impl Store for MemoryHandle {
         }
     }
 
+    async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        self.mutate(|i| pairs.iter().for_each(|(k, v)| i.write(k, v.clone())));
+        Ok(())
+    }
+
     async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
         let inner = self.store.lock();
         Ok(keys.iter().filter_map(|k| inner.data.get(k).cloned()).collect())

@@ -58,6 +58,11 @@ impl Store for RemoteStore {
         }
     }
 
+    async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        let pairs: Vec<(&str, &[u8])> = pairs.iter().map(|(k, v)| (k.as_str(), v.as_slice())).collect();
+        self.client.lock().await.multi_set(&pairs).await
+    }
+
     async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
