@@ -538,7 +538,10 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             }
             GroupOutcome::Changed(Change::Membership(Ok(event))) => {
                 tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
-                rendezvous.open_next_round().await?;
+                // Whoever saw the change opens the next round; the others only follow it.
+                if event != RdzvEvent::RoundChanged {
+                    rendezvous.open_next_round().await?;
+                }
                 machine.go(State::Restarting, json!({ "reason": format!("{event:?}"), "restart_count": restart_count }));
             }
             GroupOutcome::Changed(Change::Membership(Err(e))) => {
