@@ -3,7 +3,7 @@
 //! The algorithm talks only to the [`Store`] trait (design invariant 3). Per node and round it costs O(1)
 //! store operations and no key is rewritten by every node:
 //! - a join takes a slot from an atomic counter (`r/<R>/slot`) and writes its own record (`r/<R>/m/<slot>`);
-//! - the round is sealed once, by whoever wins the `r/<R>/sealer` counter, when `max` nodes have joined, when
+//! - the round is sealed once, by whoever holds the `r/<R>/sealer` lock, when `max` nodes have joined, when
 //!   every node expected by a re-formation has joined, or when the last call after `min` ends; the sealer
 //!   writes each member's assignment (`r/<R>/a/<slot>`: its ranks and ring neighbours, O(1) bytes) and then
 //!   the seal (`r/<R>/sealed`, the members in group-rank order, read only to re-form);
@@ -144,6 +144,18 @@ impl Seal {
             .collect::<Result<_, _>>()?;
         Ok(Seal { members })
     }
+}
+
+/// What one attempt to seal a round did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SealAttempt {
+    Sealed,
+    /// Another live node holds the sealer lock.
+    NotMine,
+    /// Slots were taken whose records are not written yet.
+    RecordsInFlight,
+    /// Fewer than MIN live joiners.
+    TooFew,
 }
 
 /// One sealed round, from this node's point of view.
@@ -377,13 +389,19 @@ impl<S: Store> Rendezvous<S> {
             let full = |joined: i64| {
                 joined >= i64::from(self.settings.max_nodes) || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min)
             };
-            // The node that completes the round seals it at once; from MIN on, the last call starts.
-            if full(slot) {
-                self.try_seal(round).await?;
-            }
+            // The node that completes the round seals it at once; from MIN on, the last call starts. Until
+            // the seal appears, a node that knows the round is due tries again every slice (the sealer may
+            // have found a record not yet written, or died).
+            let mut seal_due = full(slot);
             let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
             let mut polls = 0u32;
             loop {
+                // Records still being written: look again in a moment rather than a whole slice.
+                let mut soon = false;
+                if seal_due {
+                    let late = last_call.is_some_and(|t| Instant::now() >= t);
+                    soon = self.try_seal(round, late).await? == SealAttempt::RecordsInFlight;
+                }
                 let now = Instant::now();
                 if now >= deadline {
                     return Err(RdzvError::Timeout {
@@ -395,7 +413,8 @@ impl<S: Store> Rendezvous<S> {
                 }
                 // Sleep on the seal in slices of at most a second (heartbeats share the connection).
                 let wake = last_call.unwrap_or(now + Duration::from_secs(1)).min(deadline);
-                let slice = wake.saturating_duration_since(now).min(Duration::from_secs(1));
+                let cap = if soon { Duration::from_millis(20) } else { Duration::from_secs(1) };
+                let slice = wake.saturating_duration_since(now).min(cap);
                 if self.store.wait(&sealed_key, slice).await? {
                     let assignment = self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await?;
                     let Some(assignment) = assignment else {
@@ -418,13 +437,13 @@ impl<S: Store> Rendezvous<S> {
                 if last_call.is_none() {
                     let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
                     if full(joined) {
-                        self.try_seal(round).await?;
+                        seal_due = true;
                     } else if joined >= min {
                         last_call = Some(now + self.settings.last_call_timeout);
                     }
                 }
                 if last_call.is_some_and(|t| now >= t) {
-                    self.try_seal(round).await?;
+                    seal_due = true;
                 }
                 if polls % 5 == 0 && self.read_round().await?.1 != round {
                     continue 'rounds;
@@ -483,14 +502,28 @@ impl<S: Store> Rendezvous<S> {
         Ok(keys.into_iter().filter_map(|k| k.rsplit('/').next().map(str::to_string)).collect())
     }
 
-    /// Seals `round` if this node wins the sealer counter.
-    async fn try_seal(&self, round: u64) -> Result<(), RdzvError> {
+    /// Seals `round` if this node holds the sealer lock (`r/<R>/sealer` = the holder's id, taken by
+    /// compare-and-set, taken over from a holder that is no longer alive). Before the last call has passed
+    /// (`late`), it seals only once every slot taken has its record: a joiner between its slot and its record
+    /// is not left out.
+    async fn try_seal(&self, round: u64, late: bool) -> Result<SealAttempt, RdzvError> {
         let lock = self.key(&format!("r/{round}/sealer"));
-        if self.store.add(&lock, 1).await? != 1 {
-            return Ok(());
+        let me = self.me.id.as_bytes();
+        let holder = self.store.compare_set(&lock, b"", me).await?;
+        if holder != me {
+            let id = String::from_utf8_lossy(&holder).into_owned();
+            let holder_alive = self.store.get(&self.key(&format!("alive/{id}"))).await?.is_some();
+            if holder.is_empty() || holder_alive || self.store.compare_set(&lock, &holder, me).await? != me {
+                return Ok(SealAttempt::NotMine);
+            }
         }
         let member_prefix = self.key(&format!("r/{round}/m/"));
         let keys = self.store.list(&member_prefix).await?;
+        let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+        if !late && (keys.len() as i64) < joined {
+            self.store.compare_set(&lock, me, b"").await?;
+            return Ok(SealAttempt::RecordsInFlight);
+        }
         let alive = self.alive_nodes().await?;
         let values = self.store.multi_get(&keys).await?;
         let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
@@ -503,8 +536,8 @@ impl<S: Store> Rendezvous<S> {
         let ranked = assign_ranks(by_node.into_values().collect(), &self.settings)?;
         if ranked.len() < self.settings.min_nodes as usize {
             // Joiners died before the seal: release the lock and keep waiting for more.
-            self.store.add(&lock, -1).await?;
-            return Ok(());
+            self.store.compare_set(&lock, me, b"").await?;
+            return Ok(SealAttempt::TooFew);
         }
         let members: Vec<NodeInfo> = ranked.iter().map(|r| r.node.clone()).collect();
         let (n, world_size) = (members.len(), members.iter().map(|m| m.nproc).sum());
@@ -519,7 +552,7 @@ impl<S: Store> Rendezvous<S> {
         // Assignments first: a node woken by the seal reads its own at once.
         self.store.multi_set(&assignments).await?;
         self.store.set(&self.key(&format!("r/{round}/sealed")), &Seal { members }.encode()).await?;
-        Ok(())
+        Ok(SealAttempt::Sealed)
     }
 
     /// Not in the sealed round: a spare until the members open the next one (no timeout while the job is at
