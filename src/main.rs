@@ -38,6 +38,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
+    // supervisor/reaper.rs. On bad input it simply exits with the agent: no worker has started.
+    let guard = match OrphanGuard::start() {
+        Ok(g) => Arc::new(g),
+        Err(e) => {
+            eprintln!("muster: error: cannot start the orphan guard process: {e}");
+            return ExitCode::from(1);
+        }
+    };
     muster::telemetry::init();
     let env = |k: &str| std::env::var(k).ok();
     let gpu_count = || muster::gpu::device_count().map_err(|e| e.to_string());
@@ -59,14 +68,6 @@ fn main() -> ExitCode {
         eprintln!("muster: error: {e}");
         return ExitCode::from(2);
     }
-    // Forked before any thread exists; see supervisor/reaper.rs.
-    let guard = match OrphanGuard::start() {
-        Ok(g) => Arc::new(g),
-        Err(e) => {
-            eprintln!("muster: error: cannot start the orphan guard process: {e}");
-            return ExitCode::from(1);
-        }
-    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
