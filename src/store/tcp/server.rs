@@ -17,7 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::frame::{FrameError, Query, Request, RequestDecoder, VALIDATE_MAGIC};
 use super::state::{ConnId, Overflowed, Refusal, State};
@@ -70,7 +70,7 @@ impl Server {
         let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes)));
         let (stop, stopped) = watch::channel(false);
         let accept_task = tokio::spawn(accept_loop(listener, state.clone(), config, stopped));
-        info!(%local_addr, "store listening");
+        debug!(%local_addr, "store listening");
         Ok(Server {
             local_addr,
             state,
