@@ -235,16 +235,22 @@ async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, Re
     let any = |port: u16| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
     let (host, port, hosted) = match &cfg.rendezvous {
         Rendezvous::C10d { host, port, is_host } => {
-            let hosting = is_host.unwrap_or_else(|| is_this_machine(host, &cfg.local_addr));
-            let hosted = match (hosting, Server::bind(any(*port), server_config.clone()).await) {
-                (false, _) => None,
-                (true, Ok(server)) => Some(server),
-                // torch's heuristic: several agents on one machine, the first one hosts.
-                (true, Err(e)) if is_host.is_none() => {
-                    tracing::debug!("not hosting the rendezvous store ({e}); connecting as a client");
-                    None
+            let hosting = match is_host {
+                Some(h) => *h,
+                None => is_this_machine(host, &cfg.local_addr).await,
+            };
+            let hosted = if hosting {
+                match Server::bind(any(*port), server_config.clone()).await {
+                    Ok(server) => Some(server),
+                    // torch's heuristic: several agents on one machine, the first one hosts.
+                    Err(e) if is_host.is_none() => {
+                        tracing::debug!("not hosting the rendezvous store ({e}); connecting as a client");
+                        None
+                    }
+                    Err(e) => return Err(e.into()),
                 }
-                (true, Err(e)) => return Err(e.into()),
+            } else {
+                None
             };
             (host.clone(), *port, hosted)
         }
@@ -268,10 +274,14 @@ async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, Re
     Ok((hosted, store))
 }
 
-/// torch's `_matches_machine_hostname`: the endpoint names this machine.
-fn is_this_machine(host: &str, local_addr: &str) -> bool {
-    let loopback = host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
-    loopback || host == "localhost" || host == crate::host::hostname() || host == local_addr
+/// torch's `_matches_machine_hostname`: the endpoint names this machine — a loopback address, this host's
+/// name or `--local-addr`, or a name or address that resolves to an address this machine can bind.
+async fn is_this_machine(host: &str, local_addr: &str) -> bool {
+    if host == "localhost" || host == crate::host::hostname() || host == local_addr {
+        return true;
+    }
+    let Ok(addrs) = tokio::net::lookup_host((host, 0)).await else { return false };
+    addrs.into_iter().any(|a| a.ip().is_loopback() || std::net::TcpListener::bind((a.ip(), 0)).is_ok())
 }
 
 /// The store the workers use through MASTER_ADDR:MASTER_PORT, served by the group-rank-0 agent.
@@ -588,5 +598,20 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_this_machine;
+
+    #[tokio::test]
+    async fn endpoint_hosts_of_this_machine() {
+        assert!(is_this_machine("127.0.0.1", "node9").await);
+        assert!(is_this_machine("localhost", "node9").await);
+        assert!(is_this_machine("node9", "node9").await);
+        assert!(is_this_machine(&crate::host::hostname(), "node9").await);
+        // TEST-NET-1 (RFC 5737): never an address of this machine.
+        assert!(!is_this_machine("192.0.2.1", "node9").await);
     }
 }
