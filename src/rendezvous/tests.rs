@@ -161,11 +161,15 @@ mod shared {
                 })
             })
             .collect();
-        let mut out = Vec::new();
-        for t in tasks {
-            out.push(t.await.expect("join task"));
-        }
-        out
+        // A bound so that a rendezvous bug fails the test instead of hanging the suite (a spare waits forever).
+        let joined = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut out = Vec::new();
+            for t in tasks {
+                out.push(t.await.expect("join task"));
+            }
+            out
+        });
+        joined.await.expect("every agent got its round within 60 s")
     }
 
     async fn forms_a_round_with_prefix_sum_ranks<B: Backend>(b: B) {
@@ -256,7 +260,10 @@ mod shared {
         }
         let members: Vec<_> = joined.into_iter().map(|(a, _)| a).collect();
         let again = join_all(members).await;
-        let (_, late_info) = late_task.await.expect("late task");
+        let (_, late_info) = tokio::time::timeout(Duration::from_secs(60), late_task)
+            .await
+            .expect("the late node joined within 60 s")
+            .expect("late task");
         assert_eq!(late_info.group_world_size, 3);
         assert_eq!(late_info.group_rank, 2, "newcomers are appended");
         assert!(again.iter().all(|(_, i)| i.round == late_info.round));
