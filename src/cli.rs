@@ -80,7 +80,7 @@ pub struct Cli {
           value_parser = non_negative_int, allow_hyphen_values = true)]
     pub max_restarts: u32,
 
-    /// Seconds between health checks of the rendezvous (muster notices worker exits as they happen).
+    /// Accepted for compatibility (must be > 0): muster notices worker exits and peer changes as they happen.
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL",
           default_value = "0.1", value_parser = positive_seconds, allow_hyphen_values = true)]
     pub monitor_interval: f64,
