@@ -131,7 +131,6 @@ pub fn spawn_adopted_reaper() {
 #[derive(Debug)]
 pub struct OrphanGuard {
     pipe: Mutex<std::fs::File>,
-    pid: i32,
 }
 
 impl OrphanGuard {
@@ -153,14 +152,9 @@ impl OrphanGuard {
                 if let Ok(mut own) = OWN_CHILDREN.lock() {
                     own.push(child.as_raw());
                 }
-                Ok(OrphanGuard { pipe: Mutex::new(std::fs::File::from(write)), pid: child.as_raw() })
+                Ok(OrphanGuard { pipe: Mutex::new(std::fs::File::from(write)) })
             }
         }
-    }
-
-    /// The guard's PID (for tests and diagnostics).
-    pub fn pid(&self) -> i32 {
-        self.pid
     }
 
     /// From now on the guard kills session `sid` if the agent dies.
