@@ -24,6 +24,7 @@ use crate::store::StoreError;
 use crate::supervisor::failure::ProcessFailure;
 use crate::supervisor::logs::{LogError, RunLogs};
 use crate::supervisor::reaper::{self, OrphanGuard};
+use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{GroupOutcome, GroupSpec, Placement, SupervisorError, WorkerGroup};
 use crate::telemetry::Events;
 
@@ -400,6 +401,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
     let mut excluded: BTreeSet<u32> = BTreeSet::new();
     let mut fault_log = FaultLog::default();
 
+    let mut spares = WarmSpares::new(cfg.warm_spares.clone(), guard.clone());
     let mut restart_count = 0u32;
     loop {
         if let Ok(sig) = signals.try_recv() {
@@ -487,7 +489,8 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                     "world_size": spec.world_size }),
         );
         let attempt = logs.attempt(restart_count, nproc)?;
-        let started = WorkerGroup::start(&spec, &cfg.entrypoint, &attempt, logs.config(), &hostname, guard.clone());
+        let started =
+            WorkerGroup::start(&spec, &cfg.entrypoint, &attempt, logs.config(), &hostname, guard.clone(), &mut spares);
         let mut group = match started {
             Ok(g) => g,
             Err(e) => {
@@ -509,9 +512,12 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 }
             }
         };
-        let outcome = group.wait(&mut signals, change, cfg.shutdown_timeout).await;
+        // A single node with no restarts left never starts its group again; peers can always change.
+        spares.set_next_start_possible(restart_count < cfg.max_restarts || cfg.max_nodes > 1);
+        let outcome = group.wait(&mut signals, change, cfg.shutdown_timeout, &mut spares).await;
         match outcome {
             GroupOutcome::Succeeded => {
+                spares.clear();
                 if let Err(e) = rendezvous.exit_barrier().await {
                     tracing::warn!("{e}");
                 }

@@ -30,6 +30,13 @@ fn positive_seconds(s: &str) -> Result<f64, String> {
     }
 }
 
+fn non_negative_seconds(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(v) if v >= 0.0 && v.is_finite() => Ok(v),
+        _ => Err(format!("must be a number of seconds >= 0, got '{s}'")),
+    }
+}
+
 fn port(s: &str) -> Result<u16, String> {
     s.trim()
         .parse::<u16>()
@@ -209,6 +216,19 @@ pub struct Cli {
     #[arg(long = "gpu-wait-timeout", env = "MUSTER_GPU_WAIT_TIMEOUT", default_value = "30",
           value_parser = non_negative_int, allow_hyphen_values = true)]
     pub gpu_wait_timeout: u32,
+
+    /// muster: keep one idle Python interpreter per local worker with these modules already imported
+    /// (comma-separated, e.g. `torch`), so the next start of the group (a restart, or a group re-formed after a
+    /// peer left or joined) skips the interpreter start and the imports. Each spare costs the memory of its
+    /// imports. Python entrypoints only.
+    #[arg(long = "warm-spares", env = "MUSTER_WARM_SPARES", value_name = "MODULES")]
+    pub warm_spares: Option<String>,
+
+    /// muster: seconds after the workers start before the warm spares are started, so that the spares' imports
+    /// do not slow the workers' own start.
+    #[arg(long = "warm-spares-delay", env = "MUSTER_WARM_SPARES_DELAY", default_value = "5",
+          value_parser = non_negative_seconds, value_name = "SECONDS")]
+    pub warm_spares_delay: f64,
 
     /// Print a shell completion script and exit (bash, zsh or tcsh).
     #[arg(long = "print-completion", alias = "print_completion", value_parser = ["bash", "zsh", "tcsh"])]

@@ -201,6 +201,8 @@ pub struct LaunchConfig {
     /// The user's hook for a drained node.
     pub on_node_fault: Option<String>,
     pub gpu_wait_timeout: Duration,
+    /// `--warm-spares`: None when off.
+    pub warm_spares: Option<crate::supervisor::spare::WarmConfig>,
 }
 
 impl LaunchConfig {
@@ -398,6 +400,23 @@ run = lambda: runpy.run_path(sys.argv[0], run_name='__main__')\n\
 try:\n    from torch.distributed.elastic.multiprocessing.errors import record\n    run = record(run)\n\
 except ImportError:\n    pass\n\
 run()\n";
+
+/// `--warm-spares MODULES`: dotted Python module names, for a Python entrypoint.
+fn warm_spares(cli: &Cli) -> Result<Option<crate::supervisor::spare::WarmConfig>, ConfigError> {
+    let Some(text) = cli.warm_spares.as_deref().filter(|t| !t.trim().is_empty()) else { return Ok(None) };
+    if cli.no_python && !cli.run_path {
+        return Err(bad("'--warm-spares' needs a Python entrypoint: with '--no-python' muster runs the program itself"));
+    }
+    let is_identifier =
+        |p: &str| p.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic()) && p.chars().all(|c| c == '_' || c.is_alphanumeric());
+    let modules: Vec<String> = text.split(',').map(|m| m.trim().to_string()).collect();
+    if let Some(m) = modules.iter().find(|m| !m.split('.').all(is_identifier)) {
+        return Err(bad(format!(
+            "'--warm-spares {text}': '{m}' is not a Python module name; give names like torch,torch.distributed"
+        )));
+    }
+    Ok(Some(crate::supervisor::spare::WarmConfig { modules, delay: Duration::from_secs_f64(cli.warm_spares_delay) }))
+}
 
 fn entrypoint(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {
     let Some((script, script_args)) = cli.command.split_first() else {
@@ -600,6 +619,7 @@ impl LaunchConfig {
             numa_binding: cli.numa_binding.clone(),
             gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
+            warm_spares: warm_spares(cli)?,
         })
     }
 }

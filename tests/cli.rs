@@ -31,6 +31,9 @@ fn bad_input_table() {
         (&["--redirects", "7", script], "--redirects"),
         (&["--signals-to-handle", "SIGKILL", script], "--signals-to-handle"),
         (&["--rdzv-backend", "bogus", "--rdzv-endpoint", "h:1", script], "--rdzv-backend"),
+        (&["--no-python", "--warm-spares", "torch", "/bin/true"], "--warm-spares"),
+        (&["--warm-spares", "torch,os;rm", script], "--warm-spares"),
+        (&["--warm-spares", "torch", "--warm-spares-delay", "-1", script], "--warm-spares-delay"),
     ];
     for (args, flag) in cases {
         // No NVML library can be found: `gpu` must fail whatever this machine has.

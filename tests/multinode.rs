@@ -12,6 +12,8 @@ struct Job {
     dir: tempfile::TempDir,
     script: PathBuf,
     run_id: String,
+    /// Set for every agent on top of the test's environment.
+    envs: Vec<(&'static str, String)>,
 }
 
 impl Job {
@@ -20,6 +22,7 @@ impl Job {
             dir: tempfile::tempdir().unwrap(),
             script: fixture("elastic_worker.py"),
             run_id: format!("job{}", std::process::id()),
+            envs: Vec::new(),
         }
     }
 
@@ -43,7 +46,7 @@ impl Job {
         let host_conf = format!("--rdzv-conf=is_host=1,{conf}");
         let mut host_extra = vec![host_conf.as_str()];
         host_extra.extend_from_slice(extra);
-        let host = Agent::start(nodes[0], &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra));
+        let host = Agent::start_with_env(nodes[0], &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra), &self.envs);
         let port = host.hosted_port();
         let mut agents = vec![host];
         for node in &nodes[1..] {
@@ -56,7 +59,7 @@ impl Job {
         let conf = format!("--rdzv-conf={conf}");
         let mut all = vec![conf.as_str()];
         all.extend_from_slice(extra);
-        Agent::start(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all))
+        Agent::start_with_env(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all), &self.envs)
     }
 
     fn finish(&self) {
@@ -150,6 +153,37 @@ fn kill_9_of_an_agent_reforms_the_survivors_without_spending_a_restart() {
     for a in &mut agents {
         assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     }
+}
+
+/// With `--warm-spares`, the survivors' new workers are the spares (torch already imported), in the smaller
+/// world; the killed agent's spares die with it.
+#[test]
+fn with_warm_spares_the_survivors_of_a_kill_9_restart_from_spares() {
+    let mut job = Job::new();
+    let spares_dir = tempfile::tempdir().unwrap();
+    job.envs.push(("MUSTER_TEST_WARM_DIR", spares_dir.path().display().to_string()));
+    let warm = ["--warm-spares=torch.distributed,warm_marker", "--warm-spares-delay=0"];
+    let mut agents = job.start(&["a", "b"], "1:2", 2, "last_call_timeout=5", &warm);
+    let before = wait_world(job.path(), 4, 4);
+    let spares = || -> Vec<i32> {
+        std::fs::read_dir(spares_dir.path())
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("spare-").and_then(|p| p.parse().ok()))
+            .collect()
+    };
+    assert!(eventually(LONG, || spares().len() == 4), "each agent starts two spares: {:?}", spares());
+    let idle = spares();
+    let victim: Vec<i32> = before.iter().filter(|s| s.node == "b").map(|s| s.pid).collect();
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[1].guard.pid(), libc::SIGKILL) };
+    let after = wait_world(job.path(), 2, 2);
+    assert!(after.iter().all(|s| s.node == "a" && idle.contains(&s.pid)), "survivors started from spares: {after:?}, spares {idle:?}");
+    let b_spares: Vec<i32> = idle.iter().copied().filter(|p| !after.iter().any(|s| s.pid == *p)).collect();
+    let gone = eventually(Duration::from_secs(1), || victim.iter().chain(&b_spares).all(|p| !alive(*p)));
+    assert!(gone, "the killed agent's workers or spares outlived it: {victim:?} {b_spares:?}");
+    job.finish();
+    assert_eq!(agents[0].exit_code(LONG), Some(0), "{}", agents[0].log());
 }
 
 #[test]

@@ -49,6 +49,22 @@ impl GroupSpec {
     }
 }
 
+/// The contract's variables whose values change from one start of the group to the next on the same node
+/// (everything else a worker sees stays the same while its local rank and placement do).
+pub const PER_START: &[&str] = &[
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_ERROR_FILE",
+];
+
 /// The variables set for worker `local_rank`; `parent` looks up the agent's own environment.
 pub fn worker_env(
     spec: &GroupSpec,

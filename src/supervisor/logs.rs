@@ -9,9 +9,8 @@
 
 use std::fs::File;
 use std::io::{Read, Write};
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -143,12 +142,18 @@ pub enum StreamPlan {
 }
 
 impl StreamPlan {
-    pub fn stdio(&mut self) -> Stdio {
+    /// The descriptor the worker gets as this stream (the agent's own for `Inherit`). A tee pipe's write end
+    /// is handed over once; the agent must drop it once the worker has it, or the pump never sees EOF.
+    pub fn child_fd(&mut self, stream: Stream) -> std::io::Result<OwnedFd> {
         match self {
-            StreamPlan::Inherit => Stdio::inherit(),
-            StreamPlan::Null => Stdio::null(),
-            StreamPlan::File(f) => f.try_clone().map(Stdio::from).unwrap_or_else(|_| Stdio::null()),
-            StreamPlan::Tee { write, .. } => write.take().map(Stdio::from).unwrap_or_else(Stdio::null),
+            StreamPlan::Inherit => match stream {
+                Stream::Out => std::io::stdout().as_fd().try_clone_to_owned(),
+                Stream::Err => std::io::stderr().as_fd().try_clone_to_owned(),
+            }
+            .or_else(|_| dev_null()),
+            StreamPlan::Null => dev_null(),
+            StreamPlan::File(f) => f.try_clone().map(OwnedFd::from),
+            StreamPlan::Tee { write, .. } => write.take().map_or_else(dev_null, Ok),
         }
     }
 
@@ -163,6 +168,11 @@ impl StreamPlan {
         });
         Some(rx)
     }
+}
+
+/// `/dev/null` for reading and writing.
+pub fn dev_null() -> std::io::Result<OwnedFd> {
+    std::fs::OpenOptions::new().read(true).write(true).open("/dev/null").map(OwnedFd::from)
 }
 
 /// Where a tee'd stream's bytes go.

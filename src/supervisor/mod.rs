@@ -16,9 +16,12 @@ pub mod env;
 pub mod failure;
 pub mod logs;
 pub mod reaper;
+pub mod spare;
 
 use std::collections::HashSet;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
+use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -32,6 +35,7 @@ pub use env::{GroupSpec, Placement};
 use failure::ProcessFailure;
 use logs::{AttemptLogs, Stream, StreamPlan, WorkerTag};
 use reaper::{OrphanGuard, OWN_CHILDREN};
+use spare::{WarmSpares, WorkerCommand};
 
 /// How long the agent waits for tee pipes to drain after the workers are gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
@@ -82,6 +86,8 @@ pub struct WorkerGroup {
     pumps: Vec<oneshot::Receiver<()>>,
     guard: Arc<OrphanGuard>,
     binary: String,
+    /// How each worker was started, for the warm spares of the next start.
+    commands: Vec<WorkerCommand>,
 }
 
 fn now_secs() -> i64 {
@@ -94,7 +100,8 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
 }
 
 impl WorkerGroup {
-    /// Spawns `spec.local_world_size` workers. Must be called on the agent's main thread.
+    /// Starts `spec.local_world_size` workers, each from a warm spare that fits it when there is one (the
+    /// other spares are killed), else cold. Must be called on the agent's main thread.
     pub fn start(
         spec: &GroupSpec,
         entry: &Entrypoint,
@@ -102,6 +109,7 @@ impl WorkerGroup {
         log_config: &crate::config::LogConfig,
         hostname: &str,
         guard: Arc<OrphanGuard>,
+        spares: &mut WarmSpares,
     ) -> Result<WorkerGroup, SupervisorError> {
         debug_assert_eq!(nix::unistd::gettid(), nix::unistd::getpid(), "workers are spawned from the main thread");
         let (tx, exits) = mpsc::unbounded_channel();
@@ -111,8 +119,10 @@ impl WorkerGroup {
             pumps: Vec::new(),
             guard,
             binary: entry.program.display().to_string(),
+            commands: Vec::new(),
         };
         let parent_env = |k: &str| std::env::var(k).ok();
+        let mut warm = 0;
         for local_rank in 0..spec.local_world_size {
             let error_file = attempt.error_file(local_rank);
             let env = env::worker_env(spec, local_rank, error_file.as_deref(), &parent_env)
@@ -127,17 +137,41 @@ impl WorkerGroup {
                 .map(|a| safe_substitute(a, &[("local_rank", &local_rank.to_string())]))
                 .collect();
             let placement = spec.placements.get(local_rank as usize).cloned().unwrap_or_default();
-            let spawned = spawn_worker(&entry.program, &args, &env, &placement, out.stdio(), err.stdio());
-            let mut child = match spawned {
-                Ok(c) => c,
-                Err(source) => {
-                    return Err(SupervisorError::Spawn {
-                        local_rank,
-                        program: entry.program.display().to_string(),
-                        source,
-                    });
-                }
+            let cmd = WorkerCommand { program: entry.program.clone(), args, env, placement };
+            let spawn_error = |source| SupervisorError::Spawn {
+                local_rank,
+                program: entry.program.display().to_string(),
+                source,
             };
+            let out_fd = out.child_fd(Stream::Out).map_err(spawn_error)?;
+            let err_fd = err.child_fd(Stream::Err).map_err(spawn_error)?;
+            // A spare gets the agent's stdin as a cold worker inherits it (or /dev/null when it has none).
+            let stdin = || std::io::stdin().as_fd().try_clone_to_owned().or_else(|_| logs::dev_null()).ok();
+            let from_spare = if spares.is_empty() {
+                None
+            } else {
+                stdin().and_then(|stdin| spares.start(&cmd, [stdin.as_fd(), out_fd.as_fd(), err_fd.as_fd()]))
+            };
+            let mut child = match from_spare {
+                Some(w) => {
+                    warm += 1;
+                    if !w.ready {
+                        tracing::info!(local_rank, "warm spare still importing; the worker continues where it is");
+                    }
+                    w.child
+                }
+                None => spawn_worker(
+                    &cmd.program,
+                    &cmd.args,
+                    &cmd.env,
+                    &cmd.placement,
+                    Stdio::inherit(),
+                    Stdio::from(out_fd),
+                    Stdio::from(err_fd),
+                )
+                .map_err(spawn_error)?,
+            };
+            group.commands.push(cmd);
             let pid = child.id().map(|p| p as i32).unwrap_or_default();
             group.guard.watch(pid);
             group.pumps.extend([out, err].into_iter().filter_map(StreamPlan::start_pump));
@@ -164,6 +198,10 @@ impl WorkerGroup {
                 error_file,
                 running: true,
             });
+        }
+        spares.clear();
+        if warm > 0 {
+            tracing::info!("{warm} of {} worker(s) started from warm spares", spec.local_world_size);
         }
         Ok(group)
     }
@@ -193,16 +231,27 @@ impl WorkerGroup {
     }
 
     /// Waits until the group succeeds, a worker fails, `interrupt` yields a signal or `membership`
-    /// completes; in all but the first case the group is stopped before this returns.
+    /// completes; in all but the first case the group is stopped before this returns. Meanwhile, after
+    /// their delay, starts the warm spares for the next start.
     pub async fn wait<M>(
         &mut self,
         interrupt: &mut mpsc::UnboundedReceiver<Signal>,
         membership: impl std::future::Future<Output = M>,
         grace: Duration,
+        spares: &mut WarmSpares,
     ) -> GroupOutcome<M> {
         tokio::pin!(membership);
+        let spare_delay = spares.delay();
+        let spares_due = tokio::time::sleep(spare_delay.unwrap_or_default());
+        tokio::pin!(spares_due);
+        let mut spares_started = spare_delay.is_none();
         loop {
             tokio::select! {
+                _ = &mut spares_due, if !spares_started => {
+                    spares_started = true;
+                    // Still the main thread: the agent's future is polled by `block_on`.
+                    spares.fill(&self.commands);
+                }
                 exit = self.exits.recv() => {
                     let Some(exit) = exit else { return GroupOutcome::Succeeded };
                     self.record(exit);
@@ -301,14 +350,16 @@ impl WorkerGroup {
 /// `set_mempolicy(2)` mode: prefer the node, fall back to others rather than fail an allocation.
 const MPOL_PREFERRED: libc::c_int = 1;
 
-/// Spawns one worker: its own session, SIGKILL when the agent dies, its CPU and memory placement.
+/// Spawns one worker (or warm spare): its own session, SIGKILL when the agent dies, its CPU and memory
+/// placement.
 fn spawn_worker(
     program: &std::path::Path,
     args: &[String],
     env: &[(String, String)],
     placement: &Placement,
-    stdout: std::process::Stdio,
-    stderr: std::process::Stdio,
+    stdin: Stdio,
+    stdout: Stdio,
+    stderr: Stdio,
 ) -> std::io::Result<tokio::process::Child> {
     let parent = nix::unistd::getpid();
     // Built before fork: the child only makes syscalls with them.
@@ -328,7 +379,7 @@ fn spawn_worker(
         mask
     });
     let mut cmd = tokio::process::Command::new(program);
-    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdout(stdout).stderr(stderr);
+    cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdin(stdin).stdout(stdout).stderr(stderr);
     // SAFETY: only async-signal-safe calls (setsid, prctl, getppid, raise) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
