@@ -17,7 +17,7 @@ use crate::config::{LaunchConfig, Rendezvous};
 use crate::gpu::health::{self, Fault, Watcher};
 use crate::gpu::xid::Action;
 use crate::gpu::GpuInfo;
-use crate::rendezvous::{self as rdzv, Fingerprint, NodeInfo, RdzvError, RdzvEvent, RoundInfo, Settings};
+use crate::rendezvous::{self as rdzv, Fingerprint, NodeInfo, Published, RdzvError, RdzvEvent, RoundInfo, Settings};
 use crate::store::remote::RemoteStore;
 use crate::store::tcp::{Server, ServerConfig};
 use crate::store::StoreError;
@@ -193,7 +193,7 @@ impl State {
             (Init, Rendezvous)
                 | (Init, Interrupted)
                 | (Rendezvous, Starting)
-                | (Rendezvous, Interrupted | Failed)
+                | (Rendezvous, Interrupted | Failed | Restarting)
                 | (Starting, Running)
                 | (Starting, Failed)
                 | (Running, Succeeded | Failed | Interrupted | Restarting | Drained)
@@ -429,7 +429,22 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await?;
             (addr, port)
         } else {
-            let v = rendezvous.read_published("master", cfg.conf_duration("read_timeout", 60.0)).await?;
+            let v = match rendezvous.wait_published("master", cfg.conf_duration("read_timeout", 60.0)).await? {
+                Published::Value(v) => v,
+                Published::Changed(RdzvEvent::Closed) => {
+                    machine.go(State::Failed, json!({ "reason": "closed by another node" }));
+                    return Err(RdzvError::Closed(cfg.run_id.clone()).into());
+                }
+                // Group rank 0 was lost (or the round changed) before it published the workers' store.
+                Published::Changed(event) => {
+                    tracing::info!(?event, "membership changed before the group started; re-forming (no restart spent)");
+                    if event != RdzvEvent::RoundChanged {
+                        rendezvous.open_next_round().await?;
+                    }
+                    machine.go(State::Restarting, json!({ "reason": format!("{event:?}"), "restart_count": restart_count }));
+                    continue;
+                }
+            };
             let v = String::from_utf8_lossy(&v).into_owned();
             let (port, addr) = v.split_once(' ').unwrap_or(("0", ""));
             (addr.to_string(), port.parse().map_err(|_| RdzvError::State(format!("bad master endpoint '{v}'")))?)

@@ -235,6 +235,30 @@ fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Rec
 }
 
 /// One agent's side of the rendezvous.
+/// What a node waiting for group rank 0's publication learns first.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Published {
+    Value(Vec<u8>),
+    /// The membership changed first; the round will not start.
+    Changed(RdzvEvent),
+}
+
+/// Waits until `key` exists (true) or `timeout` passes (false), in slices of at most a second: the
+/// connection is shared with the heartbeat task, which must not be starved by a long wait (a finished node in
+/// the exit barrier keeps beating).
+async fn wait_key_in<S: Store>(store: &S, key: &str, timeout: Duration) -> Result<bool, RdzvError> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let slice = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
+        if store.wait(key, slice).await? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+    }
+}
+
 pub struct Rendezvous<S: Store> {
     store: Arc<S>,
     settings: Settings,
@@ -481,19 +505,9 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
-    /// Waits for `key` in slices of at most a second: the connection is shared with the heartbeat task,
-    /// which must not be starved by a long wait (a finished node in the exit barrier keeps beating).
+    /// `wait_key_in` on this node's store.
     async fn wait_key(&self, key: &str, timeout: Duration) -> Result<bool, RdzvError> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let slice = deadline.saturating_duration_since(Instant::now()).min(Duration::from_secs(1));
-            if self.store.wait(key, slice).await? {
-                return Ok(true);
-            }
-            if Instant::now() >= deadline {
-                return Ok(false);
-            }
-        }
+        wait_key_in(&*self.store, key, timeout).await
     }
 
     /// Ids of the agents whose liveness key exists.
@@ -662,14 +676,23 @@ impl<S: Store> Rendezvous<S> {
         Ok(self.store.set(&self.key(&format!("r/{round}/{name}")), value).await?)
     }
 
-    /// Reads a value published for the current round, waiting up to `timeout`.
-    pub async fn read_published(&self, name: &str, timeout: Duration) -> Result<Vec<u8>, RdzvError> {
+    /// Waits up to `timeout` for a value group rank 0 publishes for the current round, or for a membership
+    /// event, whichever comes first: group rank 0 may die (or the round change) before it publishes, and
+    /// then the others must re-form rather than wait out the timeout.
+    pub async fn wait_published(&mut self, name: &str, timeout: Duration) -> Result<Published, RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        if !self.wait_key(&key, timeout).await? {
-            return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+        let store = self.store.clone();
+        let published = async {
+            if !wait_key_in(&*store, &key, timeout).await? {
+                return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+            }
+            store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
+        };
+        tokio::select! {
+            value = published => value.map(Published::Value),
+            event = self.next_event() => event.map(Published::Changed),
         }
-        self.store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
     }
 
     /// Waits (bounded) until every member of the round has finished, so the node hosting the store outlives

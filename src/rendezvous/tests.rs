@@ -232,6 +232,45 @@ mod shared {
         }
     }
 
+    async fn group_rank_0_lost_before_publishing_reforms_the_others<B: Backend>(b: B) {
+        let agents = vec![
+            agent(&b, "a", 1, settings(1, 3)).await,
+            agent(&b, "b", 1, settings(1, 3)).await,
+            agent(&b, "c", 1, settings(1, 3)).await,
+        ];
+        let mut joined = join_all(agents).await;
+        joined.sort_by_key(|(_, i)| i.group_rank);
+        // Group rank 0 dies after the seal, before it publishes the workers' store.
+        let (rank0, _) = joined.remove(0);
+        let lost = rank0.me().id.clone();
+        drop(rank0);
+        let mut seen = Vec::new();
+        for (a, _) in joined.iter_mut() {
+            // Far longer than the test's bound: only the membership event can end the wait in time.
+            let waited = tokio::time::timeout(Duration::from_secs(10), a.wait_published("master", Duration::from_secs(600)));
+            match waited.await.expect("the loss ends the wait").expect("ok") {
+                Published::Changed(event) => {
+                    if event != RdzvEvent::RoundChanged {
+                        a.open_next_round().await.expect("open");
+                    }
+                    seen.push(event);
+                }
+                Published::Value(v) => panic!("nothing was published, got {v:?}"),
+            }
+        }
+        assert!(seen.contains(&RdzvEvent::PeerLost(lost)), "{seen:?}");
+        let again = join_all(joined.into_iter().map(|(a, _)| a).collect()).await;
+        let mut ranks: Vec<u32> = again.iter().map(|(_, i)| i.group_rank).collect();
+        ranks.sort();
+        assert_eq!(ranks, [0, 1], "the survivors re-form without the lost rank 0");
+        // In the new round the new rank 0 publishes and the other reads it.
+        let (mut first, mut second): (Vec<_>, Vec<_>) = again.into_iter().partition(|(_, i)| i.group_rank == 0);
+        first[0].0.publish("master", b"29500 node-b").await.expect("publish");
+        let got = second[0].0.wait_published("master", Duration::from_secs(5)).await.expect("ok");
+        assert_eq!(got, Published::Value(b"29500 node-b".to_vec()));
+        drop(first.pop());
+    }
+
     async fn a_hung_peer_is_evicted_by_its_neighbours<B: Backend>(b: B) {
         let agents = vec![agent(&b, "a", 1, settings(1, 2)).await, agent(&b, "b", 1, settings(1, 2)).await];
         let mut joined = join_all(agents).await;
@@ -313,6 +352,7 @@ mod shared {
         forms_a_round_with_prefix_sum_ranks,
         seals_after_the_last_call_with_min_nodes,
         a_lost_peer_is_seen_and_the_group_reforms,
+        group_rank_0_lost_before_publishing_reforms_the_others,
         a_hung_peer_is_evicted_by_its_neighbours,
         a_late_node_waits_then_joins_the_next_round,
         a_different_launch_is_refused,
