@@ -142,20 +142,23 @@ fn xid_13_restarts_the_group_and_spends_a_restart() {
     assert_eq!(a.exit_code(LONG), Some(0), "the node stays: {}", a.log());
 }
 
+/// Also with warm spares on both nodes: node a's spares fit its next workers (only the world changed) and are
+/// used; node b's placement changed (GPU 1 gone), so its spares are discarded and its workers start cold.
 #[test]
 fn double_bit_ecc_with_exclude_continues_with_one_worker_fewer() {
     let dir = tempfile::tempdir().unwrap();
     let (a_gpus, b_gpus) = (FakeNode::new(dir.path(), "a", 4, &[]), FakeNode::new(dir.path(), "b", 4, &[]));
     let conf = "last_call_timeout=3";
+    let warm = ["--warm-spares=json", "--warm-spares-delay=0"];
     let mut a = Agent::start_with_env(
         "a",
-        &agent_args("2", "gpu", "127.0.0.1:0", &format!("is_host=1,{conf}"), &[], dir.path()),
+        &agent_args("2", "gpu", "127.0.0.1:0", &format!("is_host=1,{conf}"), &warm, dir.path()),
         &a_gpus.env(),
     );
     let port = a.hosted_port();
     let mut b = Agent::start_with_env(
         "b",
-        &agent_args("2", "gpu", &format!("127.0.0.1:{port}"), conf, &["--on-gpu-fault=exclude"], dir.path()),
+        &agent_args("2", "gpu", &format!("127.0.0.1:{port}"), conf, &["--on-gpu-fault=exclude", warm[0], warm[1]], dir.path()),
         &b_gpus.env(),
     );
     wait_world(dir.path(), 8, 8);
@@ -173,6 +176,8 @@ fn double_bit_ecc_with_exclude_continues_with_one_worker_fewer() {
     std::fs::write(dir.path().join("finish"), "").unwrap();
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+    assert!(a.log().contains("4 of 4 worker(s) started from warm spares"), "{}", a.log());
+    assert!(!b.log().contains("started from warm spares"), "{}", b.log());
 }
 
 #[test]

@@ -230,3 +230,41 @@ fn hand_over(spare: &mut Spare, env: &BTreeMap<String, String>, stdio: [Borrowed
     spare.ctrl.shutdown(std::net::Shutdown::Write)?;
     Ok(ready)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn command(vars: &[(&str, &str)], cpus: Option<Vec<u32>>) -> WorkerCommand {
+        WorkerCommand {
+            program: PathBuf::from("/usr/bin/python3"),
+            args: vec!["-u".into(), "train.py".into()],
+            env: vars.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            placement: Placement { cpus, ..Placement::default() },
+        }
+    }
+
+    fn fit(c: &WorkerCommand) -> Fit {
+        c.fit(&c.full_env().expect("the test environment is UTF-8"))
+    }
+
+    #[test]
+    fn a_spare_fits_the_next_start_whatever_its_per_start_values() {
+        let now = command(&[("RANK", "4"), ("WORLD_SIZE", "8"), ("MASTER_PORT", "1"), ("LOCAL_RANK", "0")], None);
+        let next = command(&[("RANK", "0"), ("WORLD_SIZE", "4"), ("MASTER_PORT", "2"), ("LOCAL_RANK", "0")], None);
+        assert_eq!(fit(&now), fit(&next));
+    }
+
+    #[test]
+    fn anything_else_that_differs_means_a_cold_start() {
+        let base = command(&[("LOCAL_RANK", "0"), ("CUDA_VISIBLE_DEVICES", "0,1")], Some(vec![0, 1]));
+        let other_rank = command(&[("LOCAL_RANK", "1"), ("CUDA_VISIBLE_DEVICES", "0,1")], Some(vec![0, 1]));
+        let gpu_excluded = command(&[("LOCAL_RANK", "0"), ("CUDA_VISIBLE_DEVICES", "1")], Some(vec![0, 1]));
+        let other_cpus = command(&[("LOCAL_RANK", "0"), ("CUDA_VISIBLE_DEVICES", "0,1")], Some(vec![2, 3]));
+        let mut other_args = base.clone();
+        other_args.args.push("--resume".into());
+        for other in [other_rank, gpu_excluded, other_cpus, other_args] {
+            assert_ne!(fit(&base), fit(&other), "{other:?}");
+        }
+    }
+}
