@@ -253,6 +253,34 @@ pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32
     })
 }
 
+/// `--print-completion SHELL`: the completion script for muster's command line (torchrun prints shtab's and
+/// exits the same way, before looking at anything else).
+pub fn completion_script(shell: &str) -> String {
+    use clap::CommandFactory;
+    let mut cmd = Cli::command();
+    let shell = match shell {
+        "zsh" => clap_complete::Shell::Zsh,
+        "tcsh" => return tcsh_completion(cmd),
+        _ => clap_complete::Shell::Bash,
+    };
+    let mut out = Vec::new();
+    clap_complete::generate(shell, &mut cmd, "muster", &mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// tcsh has a `complete` builtin and no clap generator: every long option (both spellings) after `--`,
+/// files otherwise.
+fn tcsh_completion(mut cmd: clap::Command) -> String {
+    cmd.build();
+    let mut longs: Vec<&str> = cmd
+        .get_arguments()
+        .filter_map(|a| a.get_long().map(|l| (l, a.get_all_aliases().unwrap_or_default())))
+        .flat_map(|(l, aliases)| std::iter::once(l).chain(aliases))
+        .collect();
+    longs.sort_unstable();
+    format!("complete muster 'c/--/({})/' 'p/*/f/'\n", longs.join(" "))
+}
+
 /// A command-line error reduced to one line that names the flag and what is valid.
 pub fn one_line(err: &clap::Error) -> String {
     let rendered = err.render().to_string();
@@ -302,6 +330,18 @@ mod tests {
         let e = parse(&["--max-restarts", "-1", "x.py"]).unwrap_err();
         let line = one_line(&e);
         assert!(line.contains("--max-restarts") && line.contains(">= 0"), "{line}");
+    }
+
+    #[test]
+    fn completion_scripts_name_every_option() {
+        for shell in ["bash", "zsh", "tcsh"] {
+            let script = completion_script(shell);
+            for option in ["--nproc-per-node", "--rdzv-endpoint", "--warm-spares", "--max-restarts"] {
+                let bare = option.trim_start_matches("--");
+                assert!(script.contains(option) || script.contains(&format!(" {bare} ")), "{shell}: {option}");
+            }
+        }
+        assert!(completion_script("tcsh").contains(" nproc_per_node "), "underscore spellings too");
     }
 
     #[test]

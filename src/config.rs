@@ -498,9 +498,6 @@ impl LaunchConfig {
         if let Some(specs) = cli.logs_specs.as_deref().filter(|s| *s != "default") {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
-        if let Some(shell) = &cli.print_completion {
-            return Err(bad(format!("'--print-completion {shell}' is not supported by muster")));
-        }
 
         // torchrun 2.15: --standalone, and the implicit standalone of a single-node static job with no
         // endpoint and no master port, both become c10d on localhost:0 with a fresh run id.

@@ -38,6 +38,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Some(shell) = &cli.print_completion {
+        print!("{}", cli::completion_script(shell));
+        return ExitCode::SUCCESS;
+    }
     // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
     // supervisor/reaper.rs. On bad input it simply exits with the agent: no worker has started.
     let guard = match OrphanGuard::start() {
