@@ -139,6 +139,25 @@ fn a_restart_takes_over_spares_with_torch_imported_and_none_outlive_the_job() {
     assert!(gone, "spares outlived the job: {spares:?}");
 }
 
+/// A start that comes while the spares are still importing uses them anyway: the hand-over waits in the
+/// socket, and the workers run once the imports are done.
+#[test]
+fn a_spare_still_importing_is_used_and_finishes_first() {
+    let out = tempfile::tempdir().unwrap();
+    let result = run(
+        warm_job(out.path())
+            .args(["--max-restarts=1", "--warm-spares=warm_slow,warm_marker"])
+            .arg(fixture("warm_worker.py"))
+            .arg("early"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(result.status.code(), Some(0), "{}", result.stderr);
+    assert_eq!(result.stderr.matches("warm spare still importing").count(), 2, "{}", result.stderr);
+    let warm: Vec<Value> = records(out.path()).into_iter().filter(|r| env(r, "TORCHELASTIC_RESTART_COUNT") == "1").collect();
+    assert_eq!(warm.len(), 2);
+    assert!(warm.iter().all(|r| r["warm"] == true), "{warm:?}");
+}
+
 /// SIGKILL of the agent: its idle spares die with its workers.
 #[test]
 fn kill_9_of_the_agent_leaves_no_spare() {

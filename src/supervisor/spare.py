@@ -22,14 +22,19 @@ def _muster_spare():
     ctrl = socket.socket(fileno=os.dup(0))
     try:
         ctrl.sendall(b"R")
+    except OSError:
+        pass  # the agent already handed over and closed its end: the hand-over is still there to read
+    try:
         data, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 3)
         chunks = [data]
         while chunk := ctrl.recv(1 << 16):
             chunks.append(chunk)
-    except OSError:
-        os._exit(0)
+    except OSError as e:
+        print(f"muster: warm spare: lost the agent's socket ({e})", file=sys.stderr, flush=True)
+        os._exit(1)
     if len(fds) != 3:
-        os._exit(0)  # the agent closed the socket: this spare is not needed
+        # No hand-over: the agent closed the socket. Never exit 0, which would read as a worker's success.
+        os._exit(1)
     ctrl.close()
     env = json.loads(b"".join(chunks))
     sys.stdout.flush()
