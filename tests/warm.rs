@@ -66,6 +66,8 @@ fn a_warm_worker_sees_what_a_cold_one_sees() {
         ("script", &[]),
         ("module", &["-m", "warm_worker"]),
         ("run-path", &["--run-path"]),
+        // No script directory on sys.path (the modules come from PYTHONPATH then).
+        ("safe-path", &[]),
     ];
     for (mode, entry) in modes {
         let out = tempfile::tempdir().unwrap();
@@ -74,6 +76,11 @@ fn a_warm_worker_sees_what_a_cold_one_sees() {
         let mut cmd = warm_job(out.path());
         cmd.current_dir(fixture("")).args(["--max-restarts=1", "--warm-spares=json,warm_marker", "--redirects=3"]);
         cmd.arg("--log-dir").arg(logs.path());
+        if *mode == "safe-path" {
+            // sys.path[0] is then PYTHONPATH's first entry, which must stay as it is.
+            let path = format!("{}:{}", out.path().display(), fixture("").display());
+            cmd.env("PYTHONSAFEPATH", "1").env("PYTHONPATH", path);
+        }
         match *mode {
             "module" => cmd.args(*entry),
             "run-path" => cmd.args(*entry).arg(&script),

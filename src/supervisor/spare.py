@@ -8,8 +8,10 @@ def _muster_spare():
 
     modules, argv = sys.argv[1], sys.argv[2:]
     # sys.path[0] as the interpreter sets it for ARGS, so a module the script imports from its own
-    # directory is the one warmed.
-    if argv[0] == "-m":
+    # directory is the one warmed (with PYTHONSAFEPATH it prepends nothing, for -c either).
+    if getattr(sys.flags, "safe_path", False):
+        pass
+    elif argv[0] == "-m":
         sys.path[0] = os.getcwd()
     elif argv[0] != "-c":
         sys.path[0] = os.path.dirname(os.path.realpath(argv[0]))
