@@ -407,8 +407,9 @@ fn warm_spares(cli: &Cli) -> Result<Option<crate::supervisor::spare::WarmConfig>
     if cli.no_python && !cli.run_path {
         return Err(bad("'--warm-spares' needs a Python entrypoint: with '--no-python' muster runs the program itself"));
     }
-    let is_identifier =
-        |p: &str| p.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic()) && p.chars().all(|c| c == '_' || c.is_alphanumeric());
+    let is_identifier = |p: &str| {
+        p.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic()) && p.chars().all(|c| c == '_' || c.is_alphanumeric())
+    };
     let modules: Vec<String> = text.split(',').map(|m| m.trim().to_string()).collect();
     if let Some(m) = modules.iter().find(|m| !m.split('.').all(is_identifier)) {
         return Err(bad(format!(

@@ -9,22 +9,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::*;
+use muster::supervisor::env::PER_START;
 use serde_json::Value;
-
-/// The contract's variables that change from one start of the group to the next.
-const PER_START: &[&str] = &[
-    "RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "LOCAL_WORLD_SIZE",
-    "WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_ERROR_FILE",
-];
 
 fn records(dir: &Path) -> Vec<Value> {
     let mut all: Vec<Value> = std::fs::read_dir(dir)

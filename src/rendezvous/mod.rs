@@ -234,7 +234,6 @@ fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Rec
     Ok(records)
 }
 
-/// One agent's side of the rendezvous.
 /// What a node waiting for group rank 0's publication learns first.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Published {
@@ -259,6 +258,7 @@ async fn wait_key_in<S: Store>(store: &S, key: &str, timeout: Duration) -> Resul
     }
 }
 
+/// One agent's side of the rendezvous.
 pub struct Rendezvous<S: Store> {
     store: Arc<S>,
     settings: Settings,
