@@ -1,4 +1,4 @@
-# Shared by scripts/demo.sh and scripts/test.sh: the cached Python venv with torch that workers, torchrun
+# Shared by scripts/demo.sh, scripts/test.sh and the benchmarks: the cached Python venv with torch that workers, torchrun
 # (for side-by-side tests) and the store interop tests use. Source it; it exports MUSTER_PYTHON and puts the
 # venv first on PATH.
 set -euo pipefail
@@ -6,6 +6,15 @@ set -euo pipefail
 MUSTER_CACHE="${MUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/muster}"
 MUSTER_VENV="$MUSTER_CACHE/venv"
 TORCH_VERSION="${MUSTER_TORCH_VERSION:-2.15.0}"
+
+# require_positive_ints NAME...: exits 2 with one line naming the first variable that is not an integer > 0
+# (the benchmarks' tunables).
+require_positive_ints() {
+    local v
+    for v in "$@"; do
+        case "${!v}" in '' | *[!0-9]* | 0) echo "$v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
+    done
+}
 
 ensure_python() {
     if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then

@@ -16,10 +16,10 @@ if [ -z "${EPOCHREALTIME:-}" ]; then echo "bench: needs bash >= 5 (EPOCHREALTIME
 cd "$(dirname "$0")/../.."
 
 RUNS="${RUNS:-10}"
-case "$RUNS" in '' | *[!0-9]* | 0) echo "RUNS must be a positive integer, got '$RUNS'" >&2; exit 2 ;; esac
+source scripts/lib.sh
+require_positive_ints RUNS
 
 cargo build --release --quiet
-source scripts/lib.sh
 ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
 
 if [ ! -x /usr/bin/time ]; then

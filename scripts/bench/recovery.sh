@@ -24,12 +24,10 @@ cd "$(dirname "$0")/../.."
 RUNS="${RUNS:-5}"
 DETECT_TIMEOUT="${DETECT_TIMEOUT:-60}"
 WARM_WAIT="${WARM_WAIT:-6}"
-for v in RUNS DETECT_TIMEOUT WARM_WAIT; do
-    case "${!v}" in '' | *[!0-9]* | 0) echo "$v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
-done
+source scripts/lib.sh
+require_positive_ints RUNS DETECT_TIMEOUT WARM_WAIT
 
 cargo build --release --quiet
-source scripts/lib.sh
 ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
 
 MUSTER="$PWD/target/release/muster"

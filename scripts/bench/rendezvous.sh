@@ -19,12 +19,10 @@ RUNS="${RUNS:-3}"
 MUSTER_TIMEOUT="${MUSTER_TIMEOUT:-60}"
 TORCH_TIMEOUT="${TORCH_TIMEOUT:-600}"
 TORCH_ALL="${TORCH_ALL:-0}"
-for v in RUNS MUSTER_TIMEOUT TORCH_TIMEOUT; do
-    case "${!v}" in '' | *[!0-9]* | 0) echo "$v must be a positive integer, got '${!v}'" >&2; exit 2 ;; esac
-done
+source scripts/lib.sh
+require_positive_ints RUNS MUSTER_TIMEOUT TORCH_TIMEOUT
 
 cargo build --release --quiet
-source scripts/lib.sh
 ensure_venv # exports MUSTER_PYTHON and puts the venv first on PATH
 
 MUSTER="$PWD/target/release/muster"
