@@ -201,14 +201,20 @@ mod shared {
         assert!(joined.iter().all(|(_, i)| i.group_world_size == 2));
     }
 
-    async fn a_lost_peer_is_seen_and_the_group_reforms<B: Backend>(b: B) {
+    /// Three agents (`--nnodes 1:3`) in one round, in group-rank order.
+    async fn three_in_one_round<B: Backend>(b: &B) -> Vec<(Rendezvous<B::S>, RoundInfo)> {
         let agents = vec![
-            agent(&b, "a", 1, settings(1, 3)).await,
-            agent(&b, "b", 1, settings(1, 3)).await,
-            agent(&b, "c", 1, settings(1, 3)).await,
+            agent(b, "a", 1, settings(1, 3)).await,
+            agent(b, "b", 1, settings(1, 3)).await,
+            agent(b, "c", 1, settings(1, 3)).await,
         ];
         let mut joined = join_all(agents).await;
         joined.sort_by_key(|(_, i)| i.group_rank);
+        joined
+    }
+
+    async fn a_lost_peer_is_seen_and_the_group_reforms<B: Backend>(b: B) {
+        let mut joined = three_in_one_round(&b).await;
         let before: Vec<String> = joined.iter().map(|(a, _)| a.me().id.clone()).collect();
         // The middle agent's process dies: its connection (and session key) goes with it.
         let (dead, _) = joined.remove(1);
@@ -233,13 +239,7 @@ mod shared {
     }
 
     async fn group_rank_0_lost_before_publishing_reforms_the_others<B: Backend>(b: B) {
-        let agents = vec![
-            agent(&b, "a", 1, settings(1, 3)).await,
-            agent(&b, "b", 1, settings(1, 3)).await,
-            agent(&b, "c", 1, settings(1, 3)).await,
-        ];
-        let mut joined = join_all(agents).await;
-        joined.sort_by_key(|(_, i)| i.group_rank);
+        let mut joined = three_in_one_round(&b).await;
         // Group rank 0 dies after the seal, before it publishes the workers' store.
         let (rank0, _) = joined.remove(0);
         let lost = rank0.me().id.clone();
