@@ -2,7 +2,8 @@
 # worker's own interpreter arguments after -u (SCRIPT..., -m MODULE..., or -c CODE...). It imports MODULES
 # while the current workers run, tells the agent it is ready, and waits on its stdin (a Unix socket) for the
 # next start: three descriptors (the worker's stdin, stdout, stderr) and the worker's whole environment as
-# JSON. Then it becomes the worker, as `python -u ARGS...` would have started it.
+# JSON (after its length, 8 bytes big-endian). Then it becomes the worker, as `python -u ARGS...` would have
+# started it.
 def _muster_spare():
     import json, os, socket, sys
 
@@ -26,19 +27,25 @@ def _muster_spare():
         ctrl.sendall(b"R")
     except OSError:
         pass  # the agent already handed over and closed its end: the hand-over is still there to read
+    # The hand-over is an 8-byte length and that much JSON, read exactly: reading on to end-of-file could
+    # meet ECONNRESET instead, when the agent closed its end with our readiness byte still unread there.
     try:
         data, fds, _, _ = socket.recv_fds(ctrl, 1 << 16, 3)
-        chunks = [data]
-        while chunk := ctrl.recv(1 << 16):
-            chunks.append(chunk)
+        data = bytearray(data)
+        while len(data) < 8 or len(data) < 8 + int.from_bytes(data[:8], "big"):
+            chunk = ctrl.recv(1 << 16)
+            if not chunk:
+                break
+            data += chunk
     except OSError as e:
         print(f"muster: warm spare: lost the agent's socket ({e})", file=sys.stderr, flush=True)
         os._exit(1)
-    if len(fds) != 3:
-        # No hand-over: the agent closed the socket. Never exit 0, which would read as a worker's success.
+    if len(fds) != 3 or len(data) < 8 or len(data) != 8 + int.from_bytes(data[:8], "big"):
+        # No (whole) hand-over: the agent closed the socket. Never exit 0, which would read as a worker's
+        # success.
         os._exit(1)
     ctrl.close()
-    env = json.loads(b"".join(chunks))
+    env = json.loads(bytes(data[8:]))
     sys.stdout.flush()
     sys.stderr.flush()
     for target, fd in enumerate(fds):

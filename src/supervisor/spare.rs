@@ -216,7 +216,10 @@ fn hand_over(spare: &mut Spare, env: &BTreeMap<String, String>, stdio: [Borrowed
     };
     spare.ctrl.set_nonblocking(false)?;
     spare.ctrl.set_write_timeout(Some(HANDOVER_TIMEOUT))?;
-    let payload = serde_json::to_vec(env).map_err(std::io::Error::other)?;
+    let json = serde_json::to_vec(env).map_err(std::io::Error::other)?;
+    // Length-prefixed, so the spare never reads to end-of-file (see spare.py).
+    let mut payload = (json.len() as u64).to_be_bytes().to_vec();
+    payload.extend_from_slice(&json);
     let fds = stdio.map(|f| f.as_raw_fd());
     let sent = sendmsg::<()>(
         spare.ctrl.as_raw_fd(),
