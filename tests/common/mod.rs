@@ -2,6 +2,10 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cluster;
+pub mod gpus;
+
+#[path = "../../fake-nvml/tests/support/mod.rs"]
+pub mod fake_nvml;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

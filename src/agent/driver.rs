@@ -1,0 +1,472 @@
+//! The driver: sets the agent up, runs the current phase's operation, and feeds everything that happens
+//! (the operation's completion, signals, GPU faults) into `state::step`. Effects live here; decisions don't.
+//!
+//! An operation keeps running while `step` leaves its [`Op`] unchanged (a fault absorbed while joining does
+//! not make the node join twice); otherwise it is dropped and the next one starts. Dropping is safe: the store
+//! client is cancel-safe, and the phases whose work must not be cut (spawning) have no await point inside.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+
+use super::gpu::FaultLog;
+use super::state::{self, Effect, End, Input, Job, Op, Phase, State};
+use super::stores::{open_rendezvous_store, WorkerStore};
+use super::AgentError;
+use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
+use crate::gpu::health::{Fault, Watcher};
+use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
+use crate::store::remote::RemoteStore;
+use crate::store::tcp::Server;
+use crate::supervisor::logs::RunLogs;
+use crate::supervisor::reaper::{self, OrphanGuard};
+use crate::supervisor::spare::WarmSpares;
+use crate::supervisor::{GroupSpec, Watch, WorkerGroup};
+use crate::telemetry::Events;
+
+/// How long the `--on-node-fault` hook may run.
+const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Transition events: each with the time spent in the state it leaves.
+pub struct Transitions {
+    events: Events,
+    run_id: String,
+    from: &'static str,
+    since: Instant,
+}
+
+impl Transitions {
+    pub fn new(cfg: &LaunchConfig) -> Transitions {
+        Transitions { events: cfg.events(), run_id: cfg.run_id.clone(), from: "init", since: Instant::now() }
+    }
+
+    pub fn go(&mut self, to: &'static str, detail: Value) {
+        let spent_ms = self.since.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(from = self.from, to, spent_ms, "transition");
+        let mut fields = json!({ "from": self.from, "to": to, "spent_ms": spent_ms, "run_id": self.run_id });
+        if let (Some(f), Value::Object(d)) = (fields.as_object_mut(), detail) {
+            f.extend(d);
+        }
+        self.events.emit("muster.agent.transition", fields);
+        self.from = to;
+        self.since = Instant::now();
+    }
+}
+
+/// What a transition's event says about the state it enters.
+pub fn detail(state: &State) -> Value {
+    match &state.phase {
+        Phase::Joining => json!({ "restart_count": state.restart_count, "nproc": state.nproc() }),
+        Phase::Stopping(cause) => json!({ "reason": cause.name() }),
+        Phase::Reforming { .. } => {
+            json!({ "restart_count": state.restart_count, "remaining_restarts": state.restarts_left() })
+        }
+        Phase::Draining(f) => fault_detail(f),
+        Phase::Done(end) => end_detail(end),
+        _ => json!({}),
+    }
+}
+
+fn fault_detail(f: &Fault) -> Value {
+    json!({ "gpu": f.gpu.index, "fault": f.kind.to_string(), "action": f.action.as_str() })
+}
+
+/// What the final transition's event says.
+pub fn end_detail(end: &End) -> Value {
+    match end {
+        End::Drained(f) => fault_detail(f),
+        End::Error(e) => json!({ "error": e.to_string() }),
+        End::Failed(failures) => json!({ "failures": failures.len() }),
+        End::Interrupted(sig) => json!({ "signal": sig.as_str() }),
+        End::Succeeded => json!({}),
+    }
+}
+
+/// The inputs that can come in every phase: handled signals and GPU faults.
+struct Ambient {
+    signals: mpsc::UnboundedReceiver<Signal>,
+    watcher: Option<Watcher>,
+}
+
+impl Ambient {
+    /// The next signal or fault (cancel-safe: both are channel receives).
+    async fn next(&mut self) -> Input {
+        let fault = async {
+            match &mut self.watcher {
+                Some(w) => w.next().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            Some(sig) = self.signals.recv() => Input::Signal(sig),
+            Some(fault) = fault => Input::Fault(fault),
+        }
+    }
+}
+
+/// This node's GPUs, when NVML is there.
+pub(super) struct Gpus {
+    pub(super) nvml: &'static nvml_wrapper::Nvml,
+    pub(super) all: Vec<crate::gpu::GpuInfo>,
+}
+
+impl Gpus {
+    /// Opens NVML and reads the inventory (blocking: call off the async threads).
+    fn open(policy: &str) -> Option<Gpus> {
+        let nvml = match crate::gpu::nvml() {
+            Ok(nvml) => nvml,
+            Err(e) => {
+                tracing::info!("GPU health is off: {e}");
+                return None;
+            }
+        };
+        match crate::gpu::inventory(nvml) {
+            Ok(all) if !all.is_empty() => {
+                let uuids: Vec<&str> = all.iter().map(|g| g.uuid.as_str()).collect();
+                tracing::info!("watching {} GPU(s) ({}); fault policy: {policy}", all.len(), uuids.join(", "));
+                Some(Gpus { nvml, all })
+            }
+            Ok(_) => {
+                tracing::info!("GPU health is off: NVML reports no GPU");
+                None
+            }
+            Err(e) => {
+                tracing::warn!("GPU health is off: cannot read the GPU inventory: {e}");
+                None
+            }
+        }
+    }
+}
+
+/// What the operations work on.
+pub(super) struct Work {
+    pub(super) cfg: Arc<LaunchConfig>,
+    pub(super) guard: Arc<OrphanGuard>,
+    pub(super) hostname: String,
+    pub(super) logs: RunLogs,
+    pub(super) hosted: Option<Server>,
+    pub(super) rendezvous: Rendezvous<RemoteStore>,
+    pub(super) worker_store: WorkerStore,
+    pub(super) spares: WarmSpares,
+    pub(super) gpus: Option<Gpus>,
+    /// The first placement put workers on GPUs: from then on a placement error is a GPU error.
+    pub(super) gpu_job: bool,
+    pub(super) group: Option<WorkerGroup>,
+    /// The round joined and its workers' store endpoint.
+    pub(super) round: Option<(RoundInfo, String, u16)>,
+}
+
+pub struct Agent {
+    work: Work,
+    ambient: Ambient,
+    state: State,
+    faults: FaultLog,
+    transitions: Transitions,
+}
+
+fn fail(e: impl Into<AgentError>) -> End {
+    End::Error(e.into())
+}
+
+impl Agent {
+    /// Opens the stores, registers with the rendezvous and starts the GPU watcher. A signal meanwhile ends
+    /// it (`End::Interrupted`), as does any error.
+    pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>) -> Result<Agent, End> {
+        let mut signals = crate::signals::install(&cfg.signals).map_err(|e| fail(AgentError::Signals(e)))?;
+        reaper::spawn_adopted_reaper();
+        let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
+        let (hosted, store) = tokio::select! {
+            r = open_rendezvous_store(&cfg) => r.map_err(fail)?,
+            Some(sig) = signals.recv() => return Err(End::Interrupted(sig)),
+        };
+        let mut rendezvous = Rendezvous::new(store, settings(&cfg), me(&cfg), fingerprint(&cfg));
+        tokio::select! {
+            r = rendezvous.register() => r.map_err(fail)?,
+            Some(sig) = signals.recv() => return Err(End::Interrupted(sig)),
+        }
+        banner(&cfg, &rendezvous, hosted.is_some(), &logs);
+        let policy = cfg.gpu_policy.describe();
+        let gpus = tokio::task::spawn_blocking(move || Gpus::open(&policy))
+            .await
+            .map_err(|e| fail(AgentError::Internal(format!("GPU inventory task: {e}"))))?;
+        let watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
+        let gpu_job = match gpus {
+            Some(_) => matches!(place(&cfg, cfg.nproc_per_node, BTreeSet::new(), false).await, Ok(Some(_))),
+            None => false,
+        };
+        let job = Job {
+            run_id: cfg.run_id.clone(),
+            nproc_per_node: cfg.nproc_per_node,
+            max_restarts: cfg.max_restarts,
+            gpus: gpus.as_ref().map(|g| g.all.iter().map(|gpu| gpu.index).collect()).unwrap_or_default(),
+        };
+        let worker_store = WorkerStore {
+            server: None,
+            shared_with_rendezvous: matches!(cfg.rendezvous, RdzvMode::Static { .. }),
+            addr: match &cfg.rendezvous {
+                RdzvMode::Static { master_addr, .. } => master_addr.clone(),
+                RdzvMode::C10d { .. } => cfg.local_addr.clone(),
+            },
+        };
+        let work = Work {
+            spares: WarmSpares::new(cfg.warm_spares.clone(), guard.clone()),
+            hostname: crate::host::hostname(),
+            cfg: cfg.clone(),
+            guard,
+            logs,
+            hosted,
+            rendezvous,
+            worker_store,
+            gpus,
+            gpu_job,
+            group: None,
+            round: None,
+        };
+        Ok(Agent {
+            work,
+            ambient: Ambient { signals, watcher },
+            state: State::new(job),
+            faults: FaultLog::default(),
+            transitions: Transitions::new(&cfg),
+        })
+    }
+
+    /// Runs phases until the agent is done; emits every transition, the final one exactly once.
+    pub async fn drive(mut self) -> End {
+        let Agent { work, ambient, state, faults, transitions } = &mut self;
+        transitions.go(state.phase_name(), detail(state));
+        while !state.is_done() {
+            let op = state.op();
+            if op == Op::Watch {
+                let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
+                work.spares.set_next_start_possible(next_start);
+            }
+            let restart_count = state.restart_count;
+            let run = work.operate(op.clone(), restart_count);
+            tokio::pin!(run);
+            loop {
+                let input = tokio::select! {
+                    biased;
+                    input = ambient.next() => input,
+                    input = &mut run => input,
+                };
+                let completion = !matches!(input, Input::Signal(_) | Input::Fault(_));
+                apply(state, input, faults, transitions);
+                if completion || state.op() != op {
+                    break;
+                }
+            }
+        }
+        match std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded)) {
+            Phase::Done(end) => end,
+            _ => End::Error(AgentError::Internal("the driver stopped before the end".into())),
+        }
+    }
+}
+
+/// One step: the decision, its effects, and the transition event when the phase changed.
+fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &mut Transitions) {
+    let before = state.phase_name();
+    tracing::trace!(input = input.name(), phase = before, "input");
+    for effect in state::step(state, input) {
+        match effect {
+            Effect::Fault(fault, verdict) => faults.record(&transitions.events, &fault, verdict),
+        }
+    }
+    let after = state.phase_name();
+    if after != before || state.is_done() {
+        transitions.go(after, detail(state));
+    }
+}
+
+impl Work {
+    async fn operate(&mut self, op: Op, restart_count: u32) -> Input {
+        match op {
+            Op::Join { nproc } => self.join(nproc).await,
+            Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
+            Op::Watch => self.watch().await,
+            Op::Stop(sig) => self.stop(sig).await,
+            Op::Reform { open } => self.reform(open).await,
+            Op::Drain(fault) => self.drain(&fault).await,
+            Op::Finish { barrier } => self.finish(barrier).await,
+            Op::None => std::future::pending().await,
+        }
+    }
+
+    /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
+    /// others wait for it (or for a membership change that means it will never come).
+    async fn join(&mut self, nproc: u32) -> Input {
+        self.rendezvous.set_nproc(nproc);
+        let round = match self.rendezvous.next_round().await {
+            Ok(round) => round,
+            Err(e) => return Input::Failed(e.into()),
+        };
+        let endpoint = if round.group_rank == 0 {
+            match self.worker_store.prepare(self.hosted.as_ref()).await {
+                Ok((addr, port)) => match self.rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await {
+                    Ok(()) => (addr, port),
+                    Err(e) => return Input::Failed(e.into()),
+                },
+                Err(e) => return Input::Failed(e),
+            }
+        } else {
+            match self.rendezvous.wait_published("master", self.cfg.rdzv.read_timeout).await {
+                Ok(Published::Value(v)) => match parse_master(&v) {
+                    Ok(endpoint) => endpoint,
+                    Err(e) => return Input::Failed(e.into()),
+                },
+                Ok(Published::Changed(event)) => {
+                    tracing::info!(?event, "membership changed before the group started; re-forming (no restart spent)");
+                    return Input::JoinChanged(event);
+                }
+                Err(e) => return Input::Failed(e.into()),
+            }
+        };
+        self.round = Some((round, endpoint.0, endpoint.1));
+        Input::Joined
+    }
+
+    async fn watch(&mut self) -> Input {
+        let Some(group) = self.group.as_mut() else {
+            return Input::Failed(AgentError::Internal("no worker group to watch".into()));
+        };
+        tokio::select! {
+            outcome = group.watch(&mut self.spares) => match outcome {
+                Watch::Succeeded => Input::Succeeded,
+                Watch::Failed(failure) => Input::WorkerFailed(failure),
+            },
+            event = self.rendezvous.next_event() => match event {
+                Ok(event) => {
+                    tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
+                    Input::Membership(event)
+                }
+                Err(e) => Input::Failed(e.into()),
+            },
+        }
+    }
+
+    async fn stop(&mut self, sig: Signal) -> Input {
+        let failures = match self.group.as_mut() {
+            Some(group) => group.stop(sig, self.cfg.shutdown_timeout).await,
+            None => Vec::new(),
+        };
+        self.group = None;
+        Input::Stopped(failures)
+    }
+
+    async fn reform(&mut self, open: bool) -> Input {
+        if open {
+            if let Err(e) = self.rendezvous.open_next_round().await {
+                return Input::Failed(e.into());
+            }
+        }
+        Input::Reformed
+    }
+
+    /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
+    /// user's hook (bounded).
+    async fn drain(&mut self, fault: &Fault) -> Input {
+        if let Err(e) = self.rendezvous.leave().await {
+            tracing::warn!("cannot leave the rendezvous: {e}");
+        }
+        if let Some(cmd) = &self.cfg.on_node_fault {
+            let env = super::gpu::hook_env(fault, &self.cfg.run_id);
+            crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT).await;
+        }
+        Input::Drained
+    }
+
+    /// On success, the exit barrier (the node hosting the store outlives the others' use of it); then the
+    /// rendezvous is closed (success or final failure, never a signal), within `close_timeout`.
+    async fn finish(&mut self, barrier: bool) -> Input {
+        self.spares.clear();
+        if barrier {
+            if let Err(e) = self.rendezvous.exit_barrier().await {
+                tracing::warn!("{e}");
+            }
+        }
+        let timeout = self.cfg.rdzv.close_timeout;
+        match tokio::time::timeout(timeout, self.rendezvous.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("cannot close the rendezvous: {e}"),
+            Err(_) => tracing::warn!("cannot close the rendezvous within close_timeout ({timeout:?})"),
+        }
+        Input::Finished
+    }
+}
+
+/// `"<port> <addr>"` as group rank 0 publishes it.
+fn parse_master(v: &[u8]) -> Result<(String, u16), RdzvError> {
+    let text = String::from_utf8_lossy(v);
+    let bad = || RdzvError::State(format!("group rank 0 published a malformed workers' store endpoint '{text}'"));
+    let (port, addr) = text.split_once(' ').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if addr.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok((addr.to_string(), port))
+}
+
+fn settings(cfg: &LaunchConfig) -> Settings {
+    let static_rdzv = matches!(cfg.rendezvous, RdzvMode::Static { .. });
+    let r = &cfg.rdzv;
+    Settings {
+        run_id: cfg.run_id.clone(),
+        min_nodes: cfg.min_nodes,
+        max_nodes: cfg.max_nodes,
+        join_timeout: r.join_timeout,
+        last_call_timeout: r.last_call_timeout,
+        exit_barrier_timeout: r.exit_barrier_timeout,
+        keep_alive_interval: r.keep_alive_interval,
+        keep_alive_max_attempt: r.keep_alive_max_attempt,
+        heartbeat_timeout: r.heartbeat_timeout,
+        node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
+        strict_rank: static_rdzv,
+    }
+}
+
+fn me(cfg: &LaunchConfig) -> NodeInfo {
+    NodeInfo {
+        id: format!("{}_{}_0", cfg.local_addr, std::process::id()),
+        addr: cfg.local_addr.clone(),
+        nproc: cfg.nproc_per_node,
+    }
+}
+
+fn fingerprint(cfg: &LaunchConfig) -> Fingerprint {
+    Fingerprint {
+        entrypoint: cfg.entrypoint.name.clone(),
+        args: cfg.entrypoint.script_args.clone(),
+        nproc_spec: cfg.nproc_spec.clone(),
+        nnodes: format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
+    }
+}
+
+fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RemoteStore>, hosted: bool, logs: &RunLogs) {
+    tracing::info!(
+        "muster {}: nnodes={}:{} nproc_per_node={} rdzv_backend={} rdzv_store={}{} run_id={} max_restarts={} \
+         log_dir={} entrypoint={}",
+        env!("CARGO_PKG_VERSION"),
+        cfg.min_nodes,
+        cfg.max_nodes,
+        cfg.nproc_per_node,
+        cfg.rdzv_backend,
+        rendezvous.store().addr(),
+        if hosted { " (hosted here)" } else { "" },
+        cfg.run_id,
+        cfg.max_restarts,
+        logs.run_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "/dev/null".into()),
+        cfg.entrypoint.name,
+    );
+    if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
+        tracing::warn!(
+            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your \
+             system being overloaded, please further tune the variable for optimal performance in your \
+             application as needed."
+        );
+    }
+}

@@ -1,0 +1,91 @@
+//! The agent: a pure transition function (`state.rs`, with one file per cause) and a driver (`driver.rs`)
+//! that runs each phase's operation and feeds every event, from every source, back into it.
+//!
+//! Where each decision lives:
+//! - a worker dies, a stopped group restarts (restart accounting): `worker.rs`;
+//! - a peer dies or joins, the round changes: `peer.rs`;
+//! - a GPU fault (XID, ECC, lost GPU) arrives: `gpu.rs`;
+//! - a signal arrives: `signal.rs`.
+//!
+//! Every transition is an event with a timestamp and the time spent in the state it leaves; every way the
+//! agent ends emits exactly one final transition.
+
+mod driver;
+mod gpu;
+mod peer;
+mod signal;
+mod start;
+pub mod state;
+mod stores;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+use std::sync::Arc;
+
+use nix::sys::signal::Signal;
+
+use crate::config::LaunchConfig;
+use crate::gpu::health::Fault;
+use crate::rendezvous::RdzvError;
+use crate::store::StoreError;
+use crate::supervisor::failure::ProcessFailure;
+use crate::supervisor::logs::LogError;
+use crate::supervisor::reaper::OrphanGuard;
+use crate::supervisor::SupervisorError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("cannot install signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("{0}")]
+    Rendezvous(#[from] RdzvError),
+    #[error("rendezvous store: {0}")]
+    Store(#[from] StoreError),
+    #[error("{0}")]
+    Gpu(String),
+    #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
+    Resolve(String, std::io::Error),
+    #[error(transparent)]
+    Logs(#[from] LogError),
+    #[error(transparent)]
+    Supervisor(#[from] SupervisorError),
+    #[error("internal error, please report it: {0}")]
+    Internal(String),
+}
+
+/// How the agent ended.
+#[derive(Debug)]
+pub enum Outcome {
+    Succeeded,
+    /// Restarts exhausted; `name` titles the failure summary.
+    Failed { name: String, failures: Vec<ProcessFailure> },
+    /// Stopped because of a handled signal (workers got the same signal first).
+    Interrupted(Signal),
+    /// A GPU fault drained this node: workers stopped, the rendezvous left, the hook run.
+    Drained(Fault),
+}
+
+/// The exit code of a node drained for a GPU fault ("this node is unhealthy"), for scheduler policies to match
+/// (a Volcano `exitCode` policy, a Kubernetes pod failure policy). 75 is sysexits' EX_TEMPFAIL: retry elsewhere.
+pub const EXIT_NODE_UNHEALTHY: u8 = 75;
+
+/// Runs the job on this node until it succeeds, fails for good, drains, or is stopped by a signal.
+pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, AgentError> {
+    let cfg = Arc::new(cfg);
+    let end = match driver::Agent::set_up(cfg.clone(), guard).await {
+        Ok(agent) => agent.drive().await,
+        Err(end) => {
+            driver::Transitions::new(&cfg).go(end.name(), driver::end_detail(&end));
+            end
+        }
+    };
+    match end {
+        state::End::Succeeded => Ok(Outcome::Succeeded),
+        state::End::Failed(failures) => Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures }),
+        state::End::Interrupted(sig) => Ok(Outcome::Interrupted(sig)),
+        state::End::Drained(fault) => Ok(Outcome::Drained(fault)),
+        state::End::Error(e) => Err(e),
+    }
+}

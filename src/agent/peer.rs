@@ -1,0 +1,39 @@
+//! What happens when a peer dies or joins, or the round changes: the group re-forms without spending a
+//! restart (torchrun's accounting: a membership change is nobody's failure).
+//!
+//! Whoever saw the change opens the next round (`Reforming { open: true }`); a node that only saw the round
+//! counter move follows it. A job closed elsewhere (finished or failed for good on another node) ends this
+//! node with that error.
+
+use super::state::{unexpected, Cause, End, Job, Phase};
+use super::AgentError;
+use crate::rendezvous::{RdzvError, RdzvEvent};
+
+/// A membership event while the workers run (the only phase that watches membership; joining watches it
+/// itself and reports `JoinChanged`).
+pub fn on_membership(phase: Phase, event: RdzvEvent) -> Phase {
+    match phase {
+        Phase::Running => Phase::Stopping(Cause::Membership(event)),
+        phase => unexpected(phase, "membership"),
+    }
+}
+
+/// The membership changed before the group started (group rank 0 lost before it published the workers'
+/// store, or the round moved on).
+pub fn on_join_changed(job: &Job, phase: Phase, event: RdzvEvent) -> Phase {
+    match phase {
+        Phase::Joining => after_change(job, &event),
+        phase => unexpected(phase, "join_changed"),
+    }
+}
+
+/// Where a membership change leads once no worker runs.
+pub fn after_change(job: &Job, event: &RdzvEvent) -> Phase {
+    match event {
+        RdzvEvent::Closed => {
+            Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::Closed(job.run_id.clone()))))
+        }
+        RdzvEvent::RoundChanged => Phase::Reforming { open: false },
+        RdzvEvent::PeerLost(_) | RdzvEvent::JoinersWaiting => Phase::Reforming { open: true },
+    }
+}

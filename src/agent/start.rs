@@ -1,0 +1,151 @@
+//! Starting the workers: placement (NVML and sysfs, off the async threads, bounded), the pre-spawn GPU
+//! check, then the spawn itself on the main thread with no await point after it (so a dropped start never
+//! leaves workers behind unknown to the driver).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::driver::Work;
+use super::state::Input;
+use super::AgentError;
+use crate::config::LaunchConfig;
+use crate::gpu::health::{self, Fault};
+use crate::gpu::topology::Plan;
+use crate::gpu::xid::FaultKind;
+use crate::gpu::GpuInfo;
+use crate::supervisor::{GroupSpec, Placement, WorkerGroup};
+
+/// How long NVML may take to answer the placement's queries. A lost GPU whose calls stall is reported by
+/// the watcher meanwhile (and drains the node); this bound only keeps a start from hanging for ever.
+const PLACEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why the workers cannot be placed.
+#[derive(Debug)]
+pub enum PlaceError {
+    /// A GPU the workers need does not answer.
+    Lost(u32),
+    Other(String),
+}
+
+/// The placement for `nproc` workers without the `excluded` GPUs. With `strict` (a GPU job), anything but a
+/// plan is an error: a GPU job never silently becomes a job without placement.
+pub async fn place(
+    cfg: &Arc<LaunchConfig>,
+    nproc: u32,
+    excluded: BTreeSet<u32>,
+    strict: bool,
+) -> Result<Option<Plan>, PlaceError> {
+    let cfg = cfg.clone();
+    let task = tokio::task::spawn_blocking(move || cfg.placement(nproc, &excluded, strict));
+    match tokio::time::timeout(PLACEMENT_TIMEOUT, task).await {
+        Ok(Ok(Ok(Some(plan)))) => Ok(Some(plan)),
+        Ok(Ok(Ok(None))) if strict => Err(PlaceError::Other("GPU placement found no usable GPU".into())),
+        Ok(Ok(Ok(None))) => Ok(None),
+        Ok(Ok(Err(crate::gpu::PlacementError::Lost { index, .. }))) => Err(PlaceError::Lost(index)),
+        Ok(Ok(Err(e))) => Err(PlaceError::Other(e.to_string())),
+        Ok(Err(e)) => Err(PlaceError::Other(format!("GPU placement task failed: {e}"))),
+        Err(_) => Err(PlaceError::Other(format!("NVML did not answer the placement within {PLACEMENT_TIMEOUT:?}"))),
+    }
+}
+
+/// The workers' `CUDA_*` variables and per-rank placements for a plan.
+fn apply_plan(cfg: &LaunchConfig, plan: Option<&Plan>) -> (Vec<(String, String)>, Vec<Placement>) {
+    let Some(plan) = plan else { return (Vec::new(), Vec::new()) };
+    let env = vec![
+        ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
+        ("CUDA_VISIBLE_DEVICES".to_string(), plan.visible_devices.clone()),
+    ];
+    let node_mode = cfg.numa_binding.as_deref() == Some("node");
+    let placements = plan
+        .ranks
+        .iter()
+        .map(|r| Placement {
+            cpus: r.cpus.clone(),
+            mem_node: if node_mode { Some(r.numa_node.unwrap_or(0)) } else { None },
+            visible_devices: r.visible_devices.clone(),
+        })
+        .collect();
+    (env, placements)
+}
+
+impl Work {
+    /// The fault a GPU that stopped answering amounts to.
+    fn lost_fault(&self, index: u32) -> Fault {
+        let known = self.gpus.as_ref().and_then(|g| g.all.iter().find(|gpu| gpu.index == index).cloned());
+        let gpu = known.unwrap_or_else(|| GpuInfo {
+            index,
+            uuid: "unknown".into(),
+            pci_bus_id: "unknown".into(),
+            name: String::new(),
+            memory_total: 0,
+        });
+        let action = self.cfg.gpu_policy.action(FaultKind::Lost);
+        Fault { gpu, kind: FaultKind::Lost, action }
+    }
+
+    /// Places, checks and spawns the group for the joined round.
+    pub(super) async fn start(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Input {
+        let plan = match place(&self.cfg, nproc, excluded, self.gpu_job).await {
+            Ok(plan) => plan,
+            Err(PlaceError::Lost(index)) => return Input::StartLost(self.lost_fault(index)),
+            Err(PlaceError::Other(e)) => return Input::Failed(AgentError::Gpu(e)),
+        };
+        let used: Option<BTreeSet<u32>> = plan.as_ref().map(|p| p.ranks.iter().map(|r| r.gpu_index).collect());
+        if let (Some(g), Some(used)) = (&self.gpus, &used) {
+            let in_use: Vec<GpuInfo> = g.all.iter().filter(|gpu| used.contains(&gpu.index)).cloned().collect();
+            match health::check_before_spawn(g.nvml, &in_use, self.cfg.gpu_wait_timeout).await {
+                Ok(()) => {}
+                Err(health::CheckError::Lost { index, .. }) => return Input::StartLost(self.lost_fault(index)),
+                Err(e) => return Input::Failed(AgentError::Gpu(e.to_string())),
+            }
+        }
+        let Some((round, master_addr, master_port)) = self.round.clone() else {
+            return Input::Failed(AgentError::Internal("starting without a round".into()));
+        };
+        let (extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
+        let cfg = &self.cfg;
+        let spec = GroupSpec {
+            role: cfg.role.clone(),
+            local_world_size: nproc,
+            group_rank: round.group_rank,
+            group_world_size: round.group_world_size,
+            base_global_rank: round.base_global_rank,
+            world_size: round.world_size,
+            base_role_rank: round.base_global_rank,
+            role_world_size: round.world_size,
+            master_addr,
+            master_port,
+            restart_count,
+            max_restarts: cfg.max_restarts,
+            run_id: cfg.run_id.clone(),
+            use_agent_store: true,
+            virtual_local_rank: cfg.virtual_local_rank,
+            signals_to_handle: cfg.signals_text.clone(),
+            extra_env,
+            placements,
+        };
+        tracing::debug!(round = round.round, group_rank = spec.group_rank, world_size = spec.world_size, "starting");
+        let attempt = match self.logs.attempt(restart_count, nproc) {
+            Ok(a) => a,
+            Err(e) => return Input::Failed(e.into()),
+        };
+        let started = WorkerGroup::start(
+            &spec,
+            &cfg.entrypoint,
+            &attempt,
+            self.logs.config(),
+            &self.hostname,
+            self.guard.clone(),
+            &mut self.spares,
+        );
+        match started {
+            Ok(group) => {
+                tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
+                self.group = Some(group);
+                Input::Started { gpus: used }
+            }
+            Err(e) => Input::Failed(e.into()),
+        }
+    }
+}

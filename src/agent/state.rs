@@ -1,0 +1,357 @@
+//! The agent's state and its one transition function, `step(state, input)`.
+//!
+//! Every input is seen in every phase: a signal, a GPU fault, and the completion of the one operation the
+//! current phase runs (joining a round, starting the workers, watching them, stopping them, ...). `step` is
+//! pure; the driver (`driver.rs`) runs each phase's operation and turns what happens into inputs. What each
+//! cause decides lives in one file each: `worker.rs` (a worker exits, a stopped group's restart accounting),
+//! `peer.rs` (a peer dies or joins, the round changes), `gpu.rs` (a GPU fault arrives), `signal.rs` (a
+//! signal arrives).
+
+use std::collections::BTreeSet;
+
+use nix::sys::signal::Signal;
+
+use super::AgentError;
+use crate::gpu::health::Fault;
+use crate::rendezvous::RdzvEvent;
+use crate::supervisor::failure::ProcessFailure;
+
+/// What the node is doing. Each phase but `Done` has exactly one operation ([`Op`]).
+#[derive(Debug)]
+pub enum Phase {
+    /// Joining a round and learning the workers' store endpoint.
+    Joining,
+    /// Placing and spawning the workers.
+    Starting,
+    /// Watching the workers and the membership.
+    Running,
+    /// Stopping the workers; the cause decides what follows.
+    Stopping(Cause),
+    /// Opening the next round (`open`) or following one another node opened, then joining it.
+    Reforming { open: bool },
+    /// Leaving the rendezvous and running the node-fault hook; then exit with the unhealthy-node code.
+    Draining(Fault),
+    /// The exit barrier (on success) and closing the rendezvous; then `end`.
+    Finishing(End),
+    Done(End),
+}
+
+/// Why a running group is being stopped. When several causes meet during one stop, the stronger one wins
+/// (the order of the variants), and restart-class causes merge: one incident spends one restart.
+#[derive(Debug)]
+pub enum Cause {
+    /// The membership changed (no restart spent).
+    Membership(RdzvEvent),
+    /// Workers failed and/or a restart-class GPU fault: spends one restart.
+    Restart { failures: Vec<ProcessFailure>, fault: Option<Fault> },
+    /// A GPU is being excluded (already in `excluded`): re-form with one worker fewer, no restart spent.
+    Exclude(Fault),
+    /// An operation failed for good.
+    Error(AgentError),
+    Drain(Fault),
+    Signal(Signal),
+}
+
+impl Cause {
+    fn rank(&self) -> u8 {
+        match self {
+            Cause::Membership(_) => 0,
+            Cause::Restart { .. } => 1,
+            Cause::Exclude(_) => 2,
+            Cause::Error(_) => 3,
+            Cause::Drain(_) => 4,
+            Cause::Signal(_) => 5,
+        }
+    }
+
+    /// This cause and `other`, met within one stop, as one.
+    pub fn merge(self, other: Cause) -> Cause {
+        match (self, other) {
+            (Cause::Restart { mut failures, fault }, Cause::Restart { failures: more, fault: f2 }) => {
+                failures.extend(more);
+                Cause::Restart { failures, fault: fault.or(f2) }
+            }
+            (a, b) if b.rank() > a.rank() => b,
+            (a, _) => a,
+        }
+    }
+
+    pub fn name(&self) -> &'static str {
+        match self {
+            Cause::Membership(_) => "membership change",
+            Cause::Restart { fault: Some(_), .. } => "gpu fault",
+            Cause::Restart { .. } => "worker failure",
+            Cause::Exclude(_) => "gpu excluded",
+            Cause::Error(_) => "error",
+            Cause::Drain(_) => "node drained",
+            Cause::Signal(_) => "signal",
+        }
+    }
+}
+
+/// How the agent ends.
+#[derive(Debug)]
+pub enum End {
+    Succeeded,
+    /// Restarts exhausted.
+    Failed(Vec<ProcessFailure>),
+    Interrupted(Signal),
+    Drained(Fault),
+    Error(AgentError),
+}
+
+impl End {
+    pub fn name(&self) -> &'static str {
+        match self {
+            End::Succeeded => "succeeded",
+            End::Failed(_) => "failed",
+            End::Interrupted(_) => "interrupted",
+            End::Drained(_) => "drained",
+            End::Error(_) => "failed",
+        }
+    }
+}
+
+/// Everything that can happen, from every source.
+#[derive(Debug)]
+pub enum Input {
+    Signal(Signal),
+    Fault(Fault),
+    /// Joining: the round is sealed and the workers' store is known.
+    Joined,
+    /// Joining: the membership changed before the group started.
+    JoinChanged(RdzvEvent),
+    /// Starting: the workers run; `gpus` are the GPUs they were placed on (None: no placement).
+    Started { gpus: Option<BTreeSet<u32>> },
+    /// Starting: a GPU the workers need does not answer (the fault the driver made of it).
+    StartLost(Fault),
+    /// Running: every worker exited 0.
+    Succeeded,
+    /// Running: a worker exited non-zero.
+    WorkerFailed(ProcessFailure),
+    /// Running: the membership changed.
+    Membership(RdzvEvent),
+    /// Stopping: every worker is gone; the failures seen meanwhile.
+    Stopped(Vec<ProcessFailure>),
+    /// Reforming: the next round is open.
+    Reformed,
+    /// Draining: done.
+    Drained,
+    /// Finishing: done.
+    Finished,
+    /// The phase's operation failed.
+    Failed(AgentError),
+}
+
+impl Input {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Input::Signal(_) => "signal",
+            Input::Fault(_) => "fault",
+            Input::Joined => "joined",
+            Input::JoinChanged(_) => "join_changed",
+            Input::Started { .. } => "started",
+            Input::StartLost(_) => "start_lost",
+            Input::Succeeded => "succeeded",
+            Input::WorkerFailed(_) => "worker_failed",
+            Input::Membership(_) => "membership",
+            Input::Stopped(_) => "stopped",
+            Input::Reformed => "reformed",
+            Input::Drained => "drained",
+            Input::Finished => "finished",
+            Input::Failed(_) => "failed",
+        }
+    }
+}
+
+/// What the driver runs for a phase. Equal ops across a step mean the running operation goes on.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Op {
+    Join { nproc: u32 },
+    Start { nproc: u32, excluded: BTreeSet<u32> },
+    Watch,
+    Stop(Signal),
+    Reform { open: bool },
+    Drain(Box<Fault>),
+    Finish { barrier: bool },
+    None,
+}
+
+/// What a fault came to, for its event and log line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Acted,
+    /// The policy says ignore.
+    Ignored,
+    /// The GPU is excluded (or being excluded) already.
+    Excluded,
+    /// No worker of this node uses the GPU.
+    Unused,
+    /// Part of an incident already being handled (the group restarts anyway, or the node is leaving).
+    Absorbed,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Acted => "acted",
+            Verdict::Ignored => "ignored",
+            Verdict::Excluded => "ignored: GPU excluded",
+            Verdict::Unused => "ignored: GPU not used by this node",
+            Verdict::Absorbed => "absorbed: incident already handled",
+        }
+    }
+}
+
+/// A side effect `step` asks for besides the phase's operation.
+#[derive(Debug, PartialEq)]
+pub enum Effect {
+    /// Count and report a fault with what was decided.
+    Fault(Box<Fault>, Verdict),
+}
+
+/// What does not change during a run.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub run_id: String,
+    pub nproc_per_node: u32,
+    pub max_restarts: u32,
+    /// Every GPU index NVML reports on this node.
+    pub gpus: BTreeSet<u32>,
+}
+
+#[derive(Debug)]
+pub struct State {
+    pub job: Job,
+    pub phase: Phase,
+    pub restart_count: u32,
+    pub excluded: BTreeSet<u32>,
+    /// GPUs the current (or last) workers were placed on; None: no placement (every GPU counts as used).
+    pub in_use: Option<BTreeSet<u32>>,
+}
+
+impl State {
+    pub fn new(job: Job) -> State {
+        State { job, phase: Phase::Joining, restart_count: 0, excluded: BTreeSet::new(), in_use: None }
+    }
+
+    /// Workers this node runs now.
+    pub fn nproc(&self) -> u32 {
+        self.job.nproc_per_node.saturating_sub(self.excluded.len() as u32)
+    }
+
+    pub fn restarts_left(&self) -> u32 {
+        self.job.max_restarts.saturating_sub(self.restart_count)
+    }
+
+    pub fn phase_name(&self) -> &'static str {
+        match &self.phase {
+            Phase::Joining => "rendezvous",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping(_) => "stopping",
+            Phase::Reforming { .. } => "restarting",
+            Phase::Draining(_) => "draining",
+            Phase::Finishing(_) => "finishing",
+            Phase::Done(end) => end.name(),
+        }
+    }
+
+    pub fn op(&self) -> Op {
+        match &self.phase {
+            Phase::Joining => Op::Join { nproc: self.nproc() },
+            Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
+            Phase::Running => Op::Watch,
+            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig),
+            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM),
+            Phase::Reforming { open } => Op::Reform { open: *open },
+            Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
+            Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded) },
+            Phase::Done(_) => Op::None,
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        matches!(self.phase, Phase::Done(_))
+    }
+
+    /// Whether workers may be running (a stop is needed before anything else).
+    pub fn group_running(&self) -> bool {
+        matches!(self.phase, Phase::Running)
+    }
+}
+
+/// The transition function: the new phase (in `state`) and the effects to carry out.
+pub fn step(state: &mut State, input: Input) -> Vec<Effect> {
+    if state.is_done() {
+        return Vec::new();
+    }
+    let phase = std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded));
+    let (next, effects) = match input {
+        Input::Signal(sig) => (super::signal::on_signal(phase, sig), Vec::new()),
+        Input::Fault(fault) => super::gpu::on_fault(state, phase, fault),
+        Input::StartLost(fault) => super::gpu::on_start_lost(state, phase, fault),
+        Input::Membership(event) => (super::peer::on_membership(phase, event), Vec::new()),
+        Input::JoinChanged(event) => (super::peer::on_join_changed(&state.job, phase, event), Vec::new()),
+        Input::Stopped(later) => (super::worker::on_stopped(state, phase, later), Vec::new()),
+        Input::Failed(error) => (on_failed(phase, error), Vec::new()),
+        completion => (on_completion(state, phase, completion), Vec::new()),
+    };
+    state.phase = next;
+    effects
+}
+
+/// An operation failed: stop a running group first; while finishing or draining it is only logged (both
+/// are bounded and best-effort); elsewhere it ends the agent.
+fn on_failed(phase: Phase, error: AgentError) -> Phase {
+    match phase {
+        Phase::Running => Phase::Stopping(Cause::Error(error)),
+        Phase::Stopping(cause) => Phase::Stopping(cause.merge(Cause::Error(error))),
+        Phase::Finishing(end) => {
+            tracing::warn!("{error}");
+            Phase::Done(end)
+        }
+        Phase::Draining(fault) => {
+            tracing::warn!("{error}");
+            Phase::Done(End::Drained(fault))
+        }
+        Phase::Done(end) => Phase::Done(end),
+        _ => Phase::Done(End::Error(error)),
+    }
+}
+
+/// The completions that need no cause-specific decision.
+fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
+    match (phase, input) {
+        (Phase::Joining, Input::Joined) => Phase::Starting,
+        (Phase::Starting, Input::Started { gpus }) => {
+            state.in_use = gpus;
+            Phase::Running
+        }
+        (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
+        (Phase::Running, Input::WorkerFailed(f)) => super::worker::on_worker_failed(f),
+        (Phase::Reforming { .. }, Input::Reformed) => Phase::Joining,
+        (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),
+        (Phase::Finishing(end), Input::Finished) => Phase::Done(end),
+        (phase, input) => unexpected(phase, input.name()),
+    }
+}
+
+/// A completion the phase's operation cannot produce: a bug, reported as the agent's error.
+pub(super) fn unexpected(phase: Phase, input: &str) -> Phase {
+    let name = phase_name(&phase);
+    Phase::Done(End::Error(AgentError::Internal(format!("input '{input}' in phase '{name}'"))))
+}
+
+fn phase_name(phase: &Phase) -> &'static str {
+    match phase {
+        Phase::Joining => "joining",
+        Phase::Starting => "starting",
+        Phase::Running => "running",
+        Phase::Stopping(_) => "stopping",
+        Phase::Reforming { .. } => "reforming",
+        Phase::Draining(_) => "draining",
+        Phase::Finishing(_) => "finishing",
+        Phase::Done(_) => "done",
+    }
+}

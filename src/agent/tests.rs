@@ -1,0 +1,326 @@
+//! Table tests of `step`: every (phase, input) pair, and the incidents that overlap.
+
+use std::collections::BTreeSet;
+
+use nix::sys::signal::Signal;
+
+use super::state::{step, Cause, Effect, End, Input, Job, Phase, State, Verdict};
+use super::AgentError;
+use crate::gpu::health::Fault;
+use crate::gpu::xid::{Action, FaultKind};
+use crate::gpu::GpuInfo;
+use crate::rendezvous::RdzvEvent;
+use crate::supervisor::failure::ProcessFailure;
+
+fn job() -> Job {
+    Job { run_id: "job".into(), nproc_per_node: 4, max_restarts: 3, gpus: (0..4).collect() }
+}
+
+fn fault(gpu: u32, kind: FaultKind, action: Action) -> Fault {
+    let gpu = GpuInfo { index: gpu, uuid: format!("GPU-{gpu}"), pci_bus_id: String::new(), name: String::new(), memory_total: 0 };
+    Fault { gpu, kind, action }
+}
+
+fn failure(local_rank: u32) -> ProcessFailure {
+    ProcessFailure { local_rank, global_rank: local_rank, pid: 100 + local_rank as i32, exitcode: 1, error_file: None, error_data: None, timestamp: 0 }
+}
+
+/// One of each phase, named as the table names them.
+fn phases() -> Vec<(&'static str, Phase)> {
+    let f = fault(0, FaultKind::Lost, Action::Drain);
+    vec![
+        ("joining", Phase::Joining),
+        ("starting", Phase::Starting),
+        ("running", Phase::Running),
+        ("stopping:restart", Phase::Stopping(Cause::Restart { failures: vec![failure(0)], fault: None })),
+        ("stopping:membership", Phase::Stopping(Cause::Membership(RdzvEvent::PeerLost("n".into())))),
+        ("stopping:signal", Phase::Stopping(Cause::Signal(Signal::SIGTERM))),
+        ("stopping:drain", Phase::Stopping(Cause::Drain(f.clone()))),
+        ("reforming", Phase::Reforming { open: true }),
+        ("draining", Phase::Draining(f)),
+        ("finishing:ok", Phase::Finishing(End::Succeeded)),
+        ("finishing:failed", Phase::Finishing(End::Failed(vec![failure(0)]))),
+        ("done", Phase::Done(End::Succeeded)),
+    ]
+}
+
+/// One of each input.
+fn inputs() -> Vec<(&'static str, Input)> {
+    vec![
+        ("signal", Input::Signal(Signal::SIGINT)),
+        ("xid79", Input::Fault(fault(1, FaultKind::Lost, Action::Drain))),
+        ("dbe-exclude", Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude))),
+        ("xid13", Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart))),
+        ("xid-ignored", Input::Fault(fault(1, FaultKind::Xid(Some(43)), Action::Ignore))),
+        ("joined", Input::Joined),
+        ("join-changed", Input::JoinChanged(RdzvEvent::PeerLost("n".into()))),
+        ("started", Input::Started { gpus: Some((0..4).collect()) }),
+        ("start-lost", Input::StartLost(fault(3, FaultKind::Lost, Action::Drain))),
+        ("succeeded", Input::Succeeded),
+        ("worker-failed", Input::WorkerFailed(failure(1))),
+        ("membership", Input::Membership(RdzvEvent::JoinersWaiting)),
+        ("stopped", Input::Stopped(vec![failure(2)])),
+        ("reformed", Input::Reformed),
+        ("drained", Input::Drained),
+        ("finished", Input::Finished),
+        ("failed", Input::Failed(AgentError::Internal("boom".into()))),
+    ]
+}
+
+/// The expected phase after (phase, input), as `State::phase_name` plus, for stops, the cause.
+fn expected(phase: &str, input: &str) -> &'static str {
+    let stopping_cause = |p: &str| -> &'static str {
+        match p {
+            "stopping:restart" => "stopping:restart",
+            "stopping:membership" => "stopping:membership",
+            "stopping:signal" => "stopping:signal",
+            _ => "stopping:drain",
+        }
+    };
+    match (phase, input) {
+        ("done", _) => "succeeded",
+        (_, "failed") => match phase {
+            "running" => "stopping:error",
+            "stopping:signal" => "stopping:signal",
+            "stopping:drain" => "stopping:drain",
+            p if p.starts_with("stopping") => "stopping:error",
+            "draining" => "drained",
+            "finishing:ok" => "succeeded",
+            "finishing:failed" => "failed",
+            _ => "failed",
+        },
+        (_, "signal") => match phase {
+            "running" => "stopping:signal",
+            p if p.starts_with("stopping") => "stopping:signal",
+            "draining" => "draining",
+            "finishing:failed" => "finishing",
+            _ => "interrupted",
+        },
+        // A drain-class fault on a used GPU drains from every phase but the last ones.
+        (_, "xid79") => match phase {
+            "running" => "stopping:drain",
+            "stopping:signal" => "stopping:signal",
+            p if p.starts_with("stopping") => "stopping:drain",
+            "draining" => "draining",
+            p if p.starts_with("finishing") => "finishing",
+            _ => "draining",
+        },
+        (_, "dbe-exclude") => match phase {
+            "running" => "stopping:exclude",
+            p if p.starts_with("stopping:restart") || p.starts_with("stopping:membership") => "stopping:exclude",
+            p if p.starts_with("stopping") => stopping_cause(p),
+            "draining" => "draining",
+            p if p.starts_with("finishing") => "finishing",
+            _ => "restarting",
+        },
+        (_, "xid13") => match phase {
+            "running" => "stopping:restart",
+            "stopping:membership" => "stopping:restart",
+            p if p.starts_with("stopping") => stopping_cause(p),
+            "reforming" => "restarting",
+            p if p.starts_with("finishing") => "finishing",
+            p => name_of(p),
+        },
+        (p, "xid-ignored") => name_of(p),
+        ("joining", "joined") => "starting",
+        ("joining", "join-changed") => "restarting",
+        ("starting", "started") => "running",
+        ("starting", "start-lost") => "draining",
+        ("running", "succeeded") => "finishing",
+        ("running", "worker-failed") => "stopping:restart",
+        ("running", "membership") => "stopping:membership",
+        ("stopping:restart", "stopped") => "restarting",
+        ("stopping:membership", "stopped") => "restarting",
+        ("stopping:signal", "stopped") => "interrupted",
+        ("stopping:drain", "stopped") => "draining",
+        ("reforming", "reformed") => "rendezvous",
+        ("draining", "drained") => "drained",
+        ("finishing:ok", "finished") => "succeeded",
+        ("finishing:failed", "finished") => "failed",
+        // Anything else cannot come from the phase's operation: a loud internal error.
+        _ => "failed",
+    }
+}
+
+fn name_of(table_phase: &str) -> &'static str {
+    match table_phase {
+        "joining" => "rendezvous",
+        "starting" => "starting",
+        "running" => "running",
+        "reforming" => "restarting",
+        "draining" => "draining",
+        "finishing:ok" | "finishing:failed" => "finishing",
+        "stopping:restart" => "stopping:restart",
+        "stopping:membership" => "stopping:membership",
+        "stopping:signal" => "stopping:signal",
+        "stopping:drain" => "stopping:drain",
+        _ => "succeeded",
+    }
+}
+
+fn observed(state: &State) -> String {
+    match &state.phase {
+        Phase::Stopping(c) => format!(
+            "stopping:{}",
+            match c {
+                Cause::Membership(_) => "membership",
+                Cause::Restart { .. } => "restart",
+                Cause::Exclude(_) => "exclude",
+                Cause::Error(_) => "error",
+                Cause::Drain(_) => "drain",
+                Cause::Signal(_) => "signal",
+            }
+        ),
+        _ => state.phase_name().to_string(),
+    }
+}
+
+#[test]
+fn every_phase_and_input() {
+    let mut checked = 0;
+    for (pname, _) in phases() {
+        for (iname, _) in inputs() {
+            // Fresh values each time: phases and inputs are moved into `step`.
+            let phase = phases().into_iter().find(|(n, _)| *n == pname).map(|(_, p)| p);
+            let input = inputs().into_iter().find(|(n, _)| *n == iname).map(|(_, i)| i);
+            let (Some(phase), Some(input)) = (phase, input) else { panic!("table lost {pname}/{iname}") };
+            let mut state = State::new(job());
+            state.phase = phase;
+            let effects = step(&mut state, input);
+            assert_eq!(observed(&state), expected(pname, iname), "phase {pname}, input {iname}");
+            // Every fault is reported exactly once, whatever it came to.
+            let faults = effects.iter().filter(|e| matches!(e, Effect::Fault(..))).count();
+            let is_fault = matches!(iname, "xid79" | "dbe-exclude" | "xid13" | "xid-ignored" | "start-lost");
+            let reported = is_fault && pname != "done" && !(iname == "start-lost" && pname != "starting");
+            assert_eq!(faults, usize::from(reported), "phase {pname}, input {iname}: {effects:?}");
+            checked += 1;
+        }
+    }
+    assert_eq!(checked, phases().len() * inputs().len());
+}
+
+fn run(state: &mut State, inputs: Vec<Input>) -> Vec<Effect> {
+    inputs.into_iter().flat_map(|i| step(state, i)).collect()
+}
+
+#[test]
+fn xid13_with_its_workers_crash_spends_one_restart() {
+    // The worker dies first, the XID comes during the stop, or after it (while re-forming or joining).
+    for late in 0..3 {
+        let mut state = State::new(job());
+        state.phase = Phase::Running;
+        let xid = || Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart));
+        let mut inputs = vec![Input::WorkerFailed(failure(1))];
+        match late {
+            0 => inputs.extend([xid(), Input::Stopped(vec![])]),
+            1 => inputs.extend([Input::Stopped(vec![]), xid(), Input::Reformed]),
+            _ => inputs.extend([Input::Stopped(vec![]), Input::Reformed, xid()]),
+        }
+        run(&mut state, inputs);
+        assert_eq!(state.restart_count, 1, "case {late}");
+        assert!(matches!(state.phase, Phase::Joining), "case {late}: {:?}", state.phase);
+    }
+    // The XID first, then the crash it caused.
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    let xid = Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart));
+    run(&mut state, vec![xid, Input::WorkerFailed(failure(1)), Input::Stopped(vec![failure(1)])]);
+    assert_eq!(state.restart_count, 1);
+}
+
+#[test]
+fn dbe_then_xid48_excludes_once_and_continues() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    let effects = run(
+        &mut state,
+        vec![
+            Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude)),
+            Input::Fault(fault(2, FaultKind::Xid(Some(48)), Action::Exclude)),
+            Input::WorkerFailed(failure(2)),
+            Input::Stopped(vec![failure(2)]),
+        ],
+    );
+    assert!(matches!(state.phase, Phase::Reforming { open: true }), "{:?}", state.phase);
+    assert_eq!(state.excluded, BTreeSet::from([2]));
+    assert_eq!(state.restart_count, 0, "excluding spends no restart");
+    assert_eq!(state.nproc(), 3);
+    let verdicts: Vec<Verdict> = effects.iter().map(|Effect::Fault(_, v)| *v).collect();
+    assert_eq!(verdicts, [Verdict::Acted, Verdict::Excluded]);
+    // Later: XID 79 on the excluded GPU is ignored.
+    state.phase = Phase::Running;
+    state.in_use = Some([0, 1, 3].into());
+    let effects = run(&mut state, vec![Input::Fault(fault(2, FaultKind::Lost, Action::Drain))]);
+    assert!(matches!(state.phase, Phase::Running));
+    assert_eq!(effects, [Effect::Fault(Box::new(fault(2, FaultKind::Lost, Action::Drain)), Verdict::Excluded)]);
+}
+
+#[test]
+fn xid79_after_its_worker_died_drains_in_every_phase_the_event_can_meet() {
+    for after in ["stopping", "reforming", "joining", "starting"] {
+        let mut state = State::new(job());
+        state.phase = Phase::Running;
+        let mut inputs = vec![Input::WorkerFailed(failure(1))];
+        let tail: &[fn() -> Input] = match after {
+            "stopping" => &[],
+            "reforming" => &[|| Input::Stopped(vec![])],
+            "joining" => &[|| Input::Stopped(vec![]), || Input::Reformed],
+            _ => &[|| Input::Stopped(vec![]), || Input::Reformed, || Input::Joined],
+        };
+        inputs.extend(tail.iter().map(|f| f()));
+        inputs.push(Input::Fault(fault(1, FaultKind::Lost, Action::Drain)));
+        if after == "stopping" {
+            inputs.push(Input::Stopped(vec![]));
+        }
+        inputs.push(Input::Drained);
+        run(&mut state, inputs);
+        assert!(matches!(state.phase, Phase::Done(End::Drained(_))), "{after}: {:?}", state.phase);
+    }
+}
+
+#[test]
+fn exclude_without_a_spare_gpu_drains() {
+    let mut state = State::new(Job { nproc_per_node: 1, gpus: [0].into(), ..job() });
+    state.phase = Phase::Running;
+    run(&mut state, vec![Input::Fault(fault(0, FaultKind::DoubleBitEcc, Action::Exclude))]);
+    assert!(matches!(state.phase, Phase::Stopping(Cause::Drain(_))), "{:?}", state.phase);
+}
+
+#[test]
+fn faults_on_gpus_this_node_does_not_use_are_ignored() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    state.in_use = Some([0, 1].into());
+    let effects = run(&mut state, vec![Input::Fault(fault(3, FaultKind::Lost, Action::Drain))]);
+    assert!(matches!(state.phase, Phase::Running));
+    assert!(matches!(effects[..], [Effect::Fault(_, Verdict::Unused)]));
+}
+
+#[test]
+fn restarts_are_spent_until_none_is_left() {
+    let mut state = State::new(Job { max_restarts: 1, ..job() });
+    for _ in 0..2 {
+        state.phase = Phase::Running;
+        run(&mut state, vec![Input::WorkerFailed(failure(0)), Input::Stopped(vec![failure(1)])]);
+    }
+    let Phase::Finishing(End::Failed(failures)) = &state.phase else { panic!("{:?}", state.phase) };
+    assert_eq!(failures.len(), 2, "the failures seen while stopping join the summary");
+    assert_eq!(state.restart_count, 1);
+    // A membership change spends none.
+    let mut state = State::new(Job { max_restarts: 0, ..job() });
+    state.phase = Phase::Running;
+    run(&mut state, vec![Input::Membership(RdzvEvent::PeerLost("b".into())), Input::Stopped(vec![failure(0)])]);
+    assert!(matches!(state.phase, Phase::Reforming { open: true }));
+    assert_eq!(state.restart_count, 0);
+}
+
+#[test]
+fn a_round_changed_elsewhere_is_followed_not_opened() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    run(&mut state, vec![Input::Membership(RdzvEvent::RoundChanged), Input::Stopped(vec![])]);
+    assert!(matches!(state.phase, Phase::Reforming { open: false }));
+    state.phase = Phase::Joining;
+    run(&mut state, vec![Input::JoinChanged(RdzvEvent::Closed)]);
+    assert!(matches!(state.phase, Phase::Done(End::Error(_))));
+}
