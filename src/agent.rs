@@ -361,6 +361,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
         entrypoint: cfg.entrypoint.name.clone(),
         args: cfg.entrypoint.script_args.clone(),
         nproc_spec: cfg.nproc_spec.clone(),
+        nnodes: format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
     };
     let mut rendezvous = rdzv::Rendezvous::new(store, settings, me, fingerprint);
     rendezvous.register().await?;
