@@ -410,8 +410,8 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     outcome
 }
 
-/// Raises the soft open-file limit to the hard one: each simulated node holds about two connections and the
-/// in-process server the other end of each, so 4096 nodes need over 16000 descriptors.
+/// Raises the soft open-file limit to the hard one: each simulated node holds three or four connections and
+/// the in-process server the other end of each, so 4096 nodes need over 25000 descriptors.
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     match getrlimit(Resource::RLIMIT_NOFILE) {
@@ -427,8 +427,9 @@ fn raise_fd_limit() {
 
 async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration) -> Result<Report, BenchError> {
     let config = ServerConfig {
-        // Two connections a node, with room to spare; the default allows 16384.
-        max_connections: ServerConfig::default().max_connections.max(4 * nodes as usize + 64),
+        // Three or four connections a node (requests, liveness, the round watch; a second request connection
+        // while a heartbeat overlaps a wait), with room to spare; the default allows 16384.
+        max_connections: ServerConfig::default().max_connections.max(8 * nodes as usize + 64),
         // Loopback connections don't vanish silently.
         keepalive: None,
         ..ServerConfig::default()
@@ -443,6 +444,7 @@ async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration)
         entrypoint: "bench".into(),
         args: Vec::new(),
         nproc_spec: nproc.to_string(),
+        nnodes: format!("{nodes}:{nodes}"),
     };
 
     // How many nodes got through register(), for the diagnosis when the run times out.

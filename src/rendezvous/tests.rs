@@ -1,6 +1,8 @@
 //! The rendezvous: pure rank assignment, then one shared suite run against every `Store` (design invariant 3):
 //! the in-memory store and muster's TCP store over loopback.
 
+use super::join::assign_ranks;
+use super::wire::{parse_round, Record, Seal};
 use super::*;
 
 fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
@@ -80,10 +82,11 @@ fn round_values() {
 
 #[test]
 fn fingerprint_differences_name_what_differs() {
-    let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into() };
-    let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into() };
+    let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:4".into() };
+    let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into(), nnodes: "2:3".into() };
     let d = me.differences(&job).join("; ");
     assert!(d.contains("b.py") && d.contains("--nproc-per-node 4"), "{d}");
+    assert!(d.contains("--nnodes 2:3 (the job uses 2:4)"), "{d}");
 }
 
 mod shared {
@@ -139,13 +142,16 @@ mod shared {
         }
     }
 
-    fn fingerprint(script: &str) -> Fingerprint {
-        Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into() }
+    /// The launch of an agent with these settings, as the agent builds it.
+    fn fingerprint(script: &str, s: &Settings) -> Fingerprint {
+        let nnodes = format!("{}:{}", s.min_nodes, s.max_nodes);
+        Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into(), nnodes }
     }
 
     async fn agent<B: Backend>(b: &B, id: &str, nproc: u32, s: Settings) -> Rendezvous<B::S> {
         let me = NodeInfo { id: id.into(), addr: "127.0.0.1".into(), nproc };
-        let mut r = Rendezvous::new(b.connect().await, s, me, fingerprint("train.py"));
+        let fingerprint = fingerprint("train.py", &s);
+        let mut r = Rendezvous::new(b.connect().await, s, me, fingerprint);
         r.register().await.expect("register");
         r
     }
@@ -311,9 +317,82 @@ mod shared {
     async fn a_different_launch_is_refused<B: Backend>(b: B) {
         let _first = agent(&b, "a", 1, settings(1, 2)).await;
         let me = NodeInfo { id: "b".into(), addr: "h".into(), nproc: 1 };
-        let mut other = Rendezvous::new(b.connect().await, settings(1, 2), me, fingerprint("other.py"));
+        let mut other = Rendezvous::new(b.connect().await, settings(1, 2), me, fingerprint("other.py", &settings(1, 2)));
         let err = other.register().await.expect_err("mismatch");
         assert!(err.to_string().contains("other.py") && err.to_string().contains("train.py"), "{err}");
+    }
+
+    async fn a_different_nnodes_is_refused<B: Backend>(b: B) {
+        let _first = agent(&b, "a", 1, settings(2, 4)).await;
+        let me = NodeInfo { id: "b".into(), addr: "h".into(), nproc: 1 };
+        let mut other = Rendezvous::new(b.connect().await, settings(2, 3), me, fingerprint("train.py", &settings(2, 3)));
+        // Refused at once rather than waiting for a round it can never fit.
+        let err = tokio::time::timeout(Duration::from_secs(5), other.register()).await.expect("refused in time");
+        let err = err.expect_err("mismatch").to_string();
+        assert!(err.contains("--nnodes 2:3 (the job uses 2:4)") && !err.contains('\n'), "{err}");
+    }
+
+    /// With the default 30 s last call, a joiner that brings the group to MAX is let in at once: nothing is
+    /// left to batch.
+    async fn a_joiner_that_fills_max_reforms_at_once<B: Backend>(b: B) {
+        let agents = vec![agent(&b, "a", 1, settings(2, 3)).await, agent(&b, "b", 1, settings(2, 3)).await];
+        let mut joined = join_all(agents).await;
+        let slow = |mut s: Settings| {
+            s.last_call_timeout = Duration::from_secs(30);
+            s
+        };
+        for (a, _) in joined.iter_mut() {
+            a.settings = slow(a.settings.clone());
+        }
+        let mut late = agent(&b, "late", 1, slow(settings(2, 3))).await;
+        let reformed = async {
+            let late_task = tokio::spawn(async move { late.next_round().await.expect("late round") });
+            for (a, _) in joined.iter_mut() {
+                let e = a.next_event().await.expect("event");
+                assert!(matches!(e, RdzvEvent::JoinersWaiting | RdzvEvent::RoundChanged), "{e:?}");
+                a.open_next_round().await.expect("open");
+            }
+            let again = join_all(joined.into_iter().map(|(a, _)| a).collect()).await;
+            (again, late_task.await.expect("late task"))
+        };
+        // Far below the last call: only an immediate re-formation finishes in time.
+        let (again, late_info) = tokio::time::timeout(Duration::from_secs(5), reformed).await.expect("re-formed at once");
+        assert_eq!(late_info.group_world_size, 3);
+        assert!(again.iter().all(|(_, i)| i.round == late_info.round && i.group_world_size == 3));
+    }
+
+    /// Requests of the members are dropped midway, at many points (a published wait and an event wait
+    /// cancelled by a timeout, a heartbeat write that took too long); the group still sees the next membership
+    /// change, re-forms, and its new rank 0's publication reaches the other.
+    async fn requests_dropped_midway_leave_the_group_able_to_reform<B: Backend>(b: B) {
+        let mut joined = three_in_one_round(&b).await;
+        for (a, _) in joined.iter_mut().take(2) {
+            let beat = a.key(&format!("hb/{}", a.me().id));
+            for us in (0..2000).step_by(37) {
+                let cut = Duration::from_micros(us);
+                let published = tokio::time::timeout(cut, a.wait_published("master", Duration::from_secs(600))).await;
+                assert!(published.is_err(), "nothing was published or changed: {published:?}");
+                let event = tokio::time::timeout(cut, a.next_event()).await;
+                assert!(event.is_err(), "nothing changed: {event:?}");
+                let _ = tokio::time::timeout(cut, a.store().set(&beat, us.to_string().as_bytes())).await;
+            }
+        }
+        let (gone, _) = joined.pop().expect("three agents");
+        drop(gone);
+        let bounded = async {
+            for (a, _) in joined.iter_mut() {
+                if a.next_event().await.expect("event") != RdzvEvent::RoundChanged {
+                    a.open_next_round().await.expect("open");
+                }
+            }
+            let again = join_all(joined.into_iter().map(|(a, _)| a).collect()).await;
+            let (first, mut second): (Vec<_>, Vec<_>) = again.into_iter().partition(|(_, i)| i.group_rank == 0);
+            first[0].0.publish("master", b"29500 node-a").await.expect("publish");
+            let got = second[0].0.wait_published("master", Duration::from_secs(5)).await.expect("ok");
+            assert_eq!(got, Published::Value(b"29500 node-a".to_vec()));
+            assert_eq!(second[0].1.group_world_size, 2);
+        };
+        tokio::time::timeout(Duration::from_secs(20), bounded).await.expect("re-formed instead of hanging");
     }
 
     async fn too_few_nodes_time_out_and_closed_jobs_refuse<B: Backend>(b: B) {
@@ -323,7 +402,7 @@ mod shared {
         let err = lonely.next_round().await.expect_err("timeout");
         assert!(matches!(err, RdzvError::Timeout { joined: 1, min: 2, .. }), "{err}");
         lonely.close().await.expect("close");
-        let mut late = agent(&b, "b", 1, settings(1, 2)).await;
+        let mut late = agent(&b, "b", 1, settings(2, 2)).await;
         assert!(matches!(late.next_round().await, Err(RdzvError::Closed(_))));
     }
 
@@ -356,6 +435,9 @@ mod shared {
         a_hung_peer_is_evicted_by_its_neighbours,
         a_late_node_waits_then_joins_the_next_round,
         a_different_launch_is_refused,
+        a_different_nnodes_is_refused,
+        a_joiner_that_fills_max_reforms_at_once,
+        requests_dropped_midway_leave_the_group_able_to_reform,
         too_few_nodes_time_out_and_closed_jobs_refuse
     );
 }

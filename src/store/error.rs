@@ -72,6 +72,15 @@ pub enum StoreError {
         source: FrameError,
     },
 
-    #[error("the connection to the store at {addr} is unusable after an earlier error; reconnect")]
+    #[error(
+        "the connection to the store at {addr} is unusable after an earlier error or an abandoned \
+         request; reconnect"
+    )]
     Broken { addr: SocketAddr },
+
+    #[error(
+        "the rendezvous endpoint {addr} is held by a program that does not speak torch's TCPStore \
+         protocol ({answer}); free the port or pick another with --rdzv-endpoint"
+    )]
+    NotAStore { addr: SocketAddr, answer: &'static str },
 }

@@ -3,29 +3,41 @@
 //!
 //! Keys are namespaced exactly as torch's client does (`/` + key), so muster and torch
 //! processes sharing a store see the same keys. Every network wait has a deadline: the client's
-//! timeout, or the one given to `wait`/`barrier`. After a timeout or an I/O error mid-request
-//! the connection is out of step with the server and every later call fails with
-//! [`StoreError::Broken`]; reconnect.
+//! timeout, or the one given to `wait`/`barrier`. After a timeout or an I/O error mid-request,
+//! or a request whose future was dropped before its reply was read (inside `select!` or
+//! `timeout`), the connection is out of step with the server and every later call fails with
+//! [`StoreError::Broken`] rather than read another request's reply; reconnect.
 
-use std::collections::hash_map::RandomState;
-use std::collections::VecDeque;
-use std::hash::BuildHasher;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep, timeout_at, Instant};
+use tokio::time::{timeout_at, Instant};
 
 use super::frame::{
-    EventKind, FrameError, Reply, ReplyDecoder, ReplyShape, Request, WatchMode, STOP_WAITING,
-    VALIDATE_MAGIC, WAIT_CANCELED,
+    FrameError, Reply, ReplyDecoder, ReplyShape, Request, STOP_WAITING,
+    WAIT_CANCELED,
 };
 use crate::store::StoreError;
+use reply::{
+    byte_of, int_of, item_of, keys_of, nonce_of, value_of, values_of, wire, wires,
+};
+
+mod connect;
+mod reply;
+#[cfg(test)]
+pub(crate) mod tests;
+mod watch;
+
+pub use connect::FOREIGN_ATTEMPTS;
+use connect::jitter_seed;
+pub use watch::{WatchEvent, WatchEventKind, WatchTarget, Watcher};
 
 /// Largest reply accepted, in bytes.
 const MAX_REPLY_BYTES: usize = 1 << 30;
+
 
 /// One connection to a store.
 #[derive(Debug)]
@@ -36,74 +48,12 @@ pub struct Client {
     input: Vec<u8>,
     output: Vec<u8>,
     broken: bool,
+    /// A request was begun and has not completed; seen by the next [`Client::begin`], it means
+    /// the request's future was dropped midway and the connection is out of step.
+    in_flight: bool,
 }
 
 impl Client {
-    /// Connects and handshakes (VALIDATE, then PING with this process id, as torch's client),
-    /// retrying with jittered exponential backoff until `timeout`, which then also bounds every
-    /// later request.
-    pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(50);
-        loop {
-            let last = match timeout_at(deadline, Client::handshake(addr, timeout)).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(err)) => err.to_string(),
-                Err(_) => "handshake timed out".to_owned(),
-            };
-            let delay_now = jittered(delay);
-            if Instant::now() + delay_now >= deadline {
-                return Err(StoreError::Connect {
-                    addr,
-                    timeout,
-                    last,
-                });
-            }
-            sleep(delay_now).await;
-            delay = (delay * 3 / 2).min(Duration::from_secs(2));
-        }
-    }
-
-    async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|source| StoreError::Io {
-                addr,
-                op: "connect",
-                source,
-            })?;
-        stream.set_nodelay(true).map_err(|source| StoreError::Io {
-            addr,
-            op: "connect",
-            source,
-        })?;
-        let mut client = Client {
-            stream,
-            addr,
-            timeout,
-            input: Vec::new(),
-            output: Vec::new(),
-            broken: false,
-        };
-        // One write: torch's libuv server drops a client whose VALIDATE arrives split.
-        let nonce = std::process::id();
-        Request::Validate {
-            magic: VALIDATE_MAGIC,
-        }
-        .encode(&mut client.output);
-        let got = client
-            .call(&Request::Ping { nonce }, "ping", nonce_of)
-            .await?;
-        if got != nonce {
-            return Err(StoreError::Handshake {
-                addr,
-                expected: nonce,
-                got,
-            });
-        }
-        Ok(client)
-    }
-
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
@@ -117,7 +67,7 @@ impl Client {
     }
 
     pub async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(
+        self.post(
             &Request::Set {
                 key: &wire(key),
                 value,
@@ -132,6 +82,13 @@ impl Client {
         let key = wire(key);
         self.await_keys(&[&key], self.timeout, "get").await?;
         self.call(&Request::Get { key: &key }, "get", value_of)
+            .await
+    }
+
+    /// The key's value at once, without waiting: a missing key reads as empty on muster's and
+    /// libuv's servers (torch's legacy server closes the connection instead).
+    pub async fn get_now(&mut self, key: &str) -> Result<Vec<u8>, StoreError> {
+        self.call(&Request::Get { key: &wire(key) }, "get", value_of)
             .await
     }
 
@@ -213,12 +170,12 @@ impl Client {
             .zip(pairs)
             .map(|(k, (_, v))| (k.as_slice(), *v))
             .collect();
-        self.send(&Request::MultiSet { pairs }, "multi_set").await
+        self.post(&Request::MultiSet { pairs }, "multi_set").await
     }
 
     /// Appends to the key's value, creating it if missing.
     pub async fn append(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(
+        self.post(
             &Request::Append {
                 key: &wire(key),
                 value,
@@ -230,7 +187,7 @@ impl Client {
 
     /// Pushes onto a queue (torch's libuv server and muster's only).
     pub async fn queue_push(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(
+        self.post(
             &Request::QueuePush {
                 key: &wire(key),
                 value,
@@ -273,15 +230,16 @@ impl Client {
         timeout: Duration,
     ) -> Result<(), StoreError> {
         let key = wire(key);
-        self.send(
-            &Request::Barrier {
-                key: &key,
-                world_size,
-            },
-            "barrier",
-        )
-        .await?;
-        self.await_release("barrier", timeout, &[&key]).await
+        self.begin()?;
+        let request = Request::Barrier {
+            key: &key,
+            world_size,
+        };
+        let result = match self.send(&request, "barrier").await {
+            Ok(()) => self.await_release("barrier", timeout, &[&key]).await,
+            Err(e) => Err(e),
+        };
+        self.end(result)
     }
 
     /// Round trip to the server.
@@ -304,7 +262,7 @@ impl Client {
     /// Sets a key that the server deletes when this connection closes (muster servers only;
     /// torch's close the connection).
     pub async fn set_session(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.send(
+        self.post(
             &Request::SetSession {
                 key: &wire(key),
                 value,
@@ -317,10 +275,7 @@ impl Client {
     /// Turns this connection into a watch connection (muster servers only). It keeps the
     /// session keys it set, and can still set more.
     pub async fn watch(self, target: WatchTarget) -> Result<Watcher, StoreError> {
-        let mut watcher = Watcher {
-            client: self,
-            events: VecDeque::new(),
-        };
+        let mut watcher = Watcher::new(self);
         watcher.watch(target).await?;
         Ok(watcher)
     }
@@ -332,14 +287,15 @@ impl Client {
         timeout: Duration,
         op: &'static str,
     ) -> Result<(), StoreError> {
-        self.send(
-            &Request::Wait {
-                keys: keys.to_vec(),
-            },
-            op,
-        )
-        .await?;
-        self.await_release(op, timeout, keys).await
+        self.begin()?;
+        let request = Request::Wait {
+            keys: keys.to_vec(),
+        };
+        let result = match self.send(&request, op).await {
+            Ok(()) => self.await_release(op, timeout, keys).await,
+            Err(e) => Err(e),
+        };
+        self.end(result)
     }
 
     /// Reads the STOP_WAITING of a WAIT/BARRIER. At the deadline it sends CANCEL_WAIT and
@@ -403,15 +359,71 @@ impl Client {
         convert: impl FnOnce(Reply<'_>) -> Option<T>,
     ) -> Result<T, StoreError> {
         let shape = request.reply_shape().unwrap_or(ReplyShape::Byte);
-        self.send(request, op).await?;
-        let deadline = Instant::now() + self.timeout;
-        self.receive(shape, op, deadline, convert).await
+        self.begin()?;
+        let result = match self.send(request, op).await {
+            Ok(()) => {
+                let deadline = Instant::now() + self.timeout;
+                self.receive(shape, op, deadline, convert).await
+            }
+            Err(e) => Err(e),
+        };
+        self.end(result)
     }
 
-    async fn send(&mut self, request: &Request<'_>, op: &'static str) -> Result<(), StoreError> {
+    /// Sends a request that has no reply.
+    async fn post(&mut self, request: &Request<'_>, op: &'static str) -> Result<(), StoreError> {
+        self.begin()?;
+        let result = self.send(request, op).await;
+        self.end(result)
+    }
+
+    /// Starts a request: refuses a connection that is broken or whose previous request was
+    /// abandoned midway (its future dropped, so its reply may still arrive).
+    pub(super) fn begin(&mut self) -> Result<(), StoreError> {
+        self.usable()?;
+        self.in_flight = true;
+        Ok(())
+    }
+
+    /// Ends a request that ran to completion, successfully or with an error that already marked
+    /// the connection broken where it must be.
+    pub(super) fn end<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        self.in_flight = false;
+        result
+    }
+
+    pub(super) fn usable(&mut self) -> Result<(), StoreError> {
+        if self.in_flight {
+            self.broken = true;
+        }
         if self.broken {
             return Err(StoreError::Broken { addr: self.addr });
         }
+        Ok(())
+    }
+
+    /// Whether the next request can use this connection: no error left it out of step and no
+    /// request was abandoned midway.
+    pub fn is_usable(&self) -> bool {
+        !self.broken && !self.in_flight
+    }
+
+    /// Returns when the server closes this idle connection (or sends something unasked, which
+    /// leaves it out of step): for a connection that holds session keys, the moment they are
+    /// gone. Cancel-safe; the connection is broken afterwards.
+    pub async fn closed(&mut self) {
+        if self.usable().is_ok() {
+            self.input.reserve(64);
+            // Whatever the read returns (end of file, bytes nobody asked for, an error), the
+            // connection is no longer one whose next reply can be trusted.
+            let _ = self.stream.read_buf(&mut self.input).await;
+            self.broken = true;
+        }
+    }
+
+    /// Writes `request` after anything already in the output buffer. Part of a request begun
+    /// with [`Client::begin`].
+    pub(super) async fn send(&mut self, request: &Request<'_>, op: &'static str) -> Result<(), StoreError> {
         request.encode(&mut self.output);
         let deadline = Instant::now() + self.timeout;
         let result = timeout_at(deadline, self.stream.write_all(&self.output)).await;
@@ -427,7 +439,7 @@ impl Client {
         }
     }
 
-    async fn receive<T>(
+    pub(super) async fn receive<T>(
         &mut self,
         shape: ReplyShape,
         op: &'static str,
@@ -445,7 +457,7 @@ impl Client {
     }
 
     /// Reads one reply of `shape`; `Ok(None)` if the deadline passes first.
-    async fn try_receive<T>(
+    pub(super) async fn try_receive<T>(
         &mut self,
         shape: ReplyShape,
         op: &'static str,
@@ -505,191 +517,4 @@ impl Client {
         self.broken = true;
         error
     }
-}
-
-/// What a watch follows.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WatchTarget {
-    Key(String),
-    Prefix(String),
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WatchEventKind {
-    /// Set or changed by any request.
-    Written,
-    /// Deleted, including by its session's end or a store clear.
-    Deleted,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WatchEvent {
-    pub kind: WatchEventKind,
-    pub key: String,
-}
-
-/// A connection in watch mode (muster servers only): receives change events for the keys and
-/// prefixes it watches. Watch first, then read the current state on another connection, to
-/// miss no change.
-#[derive(Debug)]
-pub struct Watcher {
-    client: Client,
-    /// Events that arrived while waiting for a WATCH to be acknowledged.
-    events: VecDeque<WatchEvent>,
-}
-
-impl Watcher {
-    /// Adds a key or prefix to watch; returns once the server registered it.
-    pub async fn watch(&mut self, target: WatchTarget) -> Result<(), StoreError> {
-        let (mode, pattern) = match &target {
-            WatchTarget::Key(key) => (WatchMode::Key, wire(key)),
-            WatchTarget::Prefix(prefix) => (WatchMode::Prefix, wire(prefix)),
-        };
-        self.client
-            .send(
-                &Request::Watch {
-                    mode,
-                    pattern: &pattern,
-                },
-                "watch",
-            )
-            .await?;
-        let deadline = Instant::now() + self.client.timeout;
-        loop {
-            let (kind, key) = self
-                .client
-                .receive(ReplyShape::Event, "watch", deadline, event_of)
-                .await?;
-            match kind {
-                EventKind::Watching => return Ok(()),
-                EventKind::Written => self
-                    .events
-                    .push_back(user_event(WatchEventKind::Written, &key)),
-                EventKind::Deleted => self
-                    .events
-                    .push_back(user_event(WatchEventKind::Deleted, &key)),
-            }
-        }
-    }
-
-    /// The next event, or `None` if none comes within `timeout`.
-    pub async fn next_event(
-        &mut self,
-        timeout: Duration,
-    ) -> Result<Option<WatchEvent>, StoreError> {
-        if let Some(event) = self.events.pop_front() {
-            return Ok(Some(event));
-        }
-        let deadline = Instant::now() + timeout;
-        loop {
-            let Some((kind, key)) = self
-                .client
-                .try_receive(ReplyShape::Event, "watch", deadline, event_of)
-                .await?
-            else {
-                return Ok(None);
-            };
-            let kind = match kind {
-                EventKind::Watching => continue,
-                EventKind::Written => WatchEventKind::Written,
-                EventKind::Deleted => WatchEventKind::Deleted,
-            };
-            return Ok(Some(user_event(kind, &key)));
-        }
-    }
-
-    /// [`Client::set_session`] on this connection (allowed in watch mode: it has no reply).
-    pub async fn set_session(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.client.set_session(key, value).await
-    }
-}
-
-fn user_event(kind: WatchEventKind, key: &[u8]) -> WatchEvent {
-    let key = key.strip_prefix(b"/").unwrap_or(key);
-    WatchEvent {
-        kind,
-        key: String::from_utf8_lossy(key).into_owned(),
-    }
-}
-
-fn wire(key: &str) -> Vec<u8> {
-    let mut wire = Vec::with_capacity(key.len() + 1);
-    wire.push(b'/');
-    wire.extend_from_slice(key.as_bytes());
-    wire
-}
-
-fn wires(keys: &[&str]) -> Vec<Vec<u8>> {
-    keys.iter().map(|k| wire(k)).collect()
-}
-
-fn byte_of(reply: Reply<'_>) -> Option<u8> {
-    match reply {
-        Reply::Byte(b) => Some(b),
-        _ => None,
-    }
-}
-
-fn nonce_of(reply: Reply<'_>) -> Option<u32> {
-    match reply {
-        Reply::Nonce(n) => Some(n),
-        _ => None,
-    }
-}
-
-fn int_of(reply: Reply<'_>) -> Option<i64> {
-    match reply {
-        Reply::Int(n) => Some(n),
-        _ => None,
-    }
-}
-
-fn value_of(reply: Reply<'_>) -> Option<Vec<u8>> {
-    match reply {
-        Reply::Value(v) => Some(v.to_vec()),
-        _ => None,
-    }
-}
-
-fn values_of(reply: Reply<'_>) -> Option<Vec<Vec<u8>>> {
-    match reply {
-        Reply::Values(values) => Some(values.into_iter().map(<[u8]>::to_vec).collect()),
-        _ => None,
-    }
-}
-
-fn item_of(reply: Reply<'_>) -> Option<Option<Vec<u8>>> {
-    match reply {
-        Reply::QueueItem { value, .. } => Some(value.map(<[u8]>::to_vec)),
-        _ => None,
-    }
-}
-
-/// Keys in the client namespace, without their `/`; others (torch's `init/`) left out.
-fn keys_of(reply: Reply<'_>) -> Option<Vec<String>> {
-    match reply {
-        Reply::Keys(keys) => Some(
-            keys.into_iter()
-                .filter_map(|k| k.strip_prefix(b"/"))
-                .map(|k| String::from_utf8_lossy(k).into_owned())
-                .collect(),
-        ),
-        _ => None,
-    }
-}
-
-fn event_of(reply: Reply<'_>) -> Option<(EventKind, Vec<u8>)> {
-    match reply {
-        Reply::Event { kind, key } => Some((kind, key.to_vec())),
-        _ => None,
-    }
-}
-
-fn jitter_seed() -> u64 {
-    RandomState::new().hash_one(Instant::now())
-}
-
-/// `delay` scaled by a random factor in [0.5, 1.5), so many clients retrying do not align.
-fn jittered(delay: Duration) -> Duration {
-    delay.mul_f64(0.5 + (jitter_seed() % 1000) as f64 / 1000.0)
 }

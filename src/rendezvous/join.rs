@@ -1,0 +1,257 @@
+//! Joining a round and sealing it: slots, records, the sealer lock, rank assignment, spares, and opening
+//! the next round.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wire::{Record, RoundInfo, Seal};
+use super::{NodeInfo, RdzvError, Rendezvous, Settings};
+use crate::store::Store;
+
+/// What one attempt to seal a round did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SealAttempt {
+    Sealed,
+    /// Another live node holds the sealer lock.
+    NotMine,
+    /// Slots were taken whose records are not written yet.
+    RecordsInFlight,
+    /// Fewer than MIN live joiners.
+    TooFew,
+}
+
+/// Orders the live joiners of a round into group ranks (pure; see the module docs).
+pub(super) fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Result<Vec<Record>, RdzvError> {
+    if settings.strict_rank {
+        records.sort_by_key(|r| (r.pref_rank.unwrap_or(u32::MAX), r.slot));
+        records.dedup_by(|a, b| a.node.id == b.node.id);
+        for (i, r) in records.iter().enumerate() {
+            if r.pref_rank != Some(i as u32) {
+                return Err(RdzvError::State(format!(
+                    "static rendezvous needs --node-rank 0..{} exactly once each; node {} has {:?}",
+                    settings.max_nodes - 1,
+                    r.node.addr,
+                    r.pref_rank
+                )));
+            }
+        }
+    } else {
+        records.sort_by_key(|r| (r.prev_rank.is_none(), r.prev_rank, r.pref_rank.unwrap_or(u32::MAX), r.slot));
+    }
+    records.truncate(settings.max_nodes as usize);
+    Ok(records)
+}
+
+
+/// How often a joiner whose round is not sealed looks again, for what no watch tells it: below MIN, how many
+/// others joined; once the round is due, whether the sealer died or met a record not yet written; and whether
+/// the round counter moved on. (Long waits need no slicing otherwise: each holds a connection of its own.)
+const JOIN_CHECK: Duration = Duration::from_secs(1);
+
+/// A spare's wait for the next round or the job's end, re-armed: it has no deadline while the job runs at its
+/// maximum size, but every store wait needs one.
+const SPARE_WAIT: Duration = Duration::from_secs(3600);
+
+/// How a join of one round ended.
+enum Joined {
+    Member(RoundInfo),
+    /// Sealed without this node: wait as a spare for the next round.
+    Spare,
+    /// The round counter moved on before the seal: join the new round.
+    Moved,
+}
+
+impl<S: Store> Rendezvous<S> {
+    /// Joins the next round and returns once it is sealed with this node in it.
+    pub async fn next_round(&mut self) -> Result<RoundInfo, RdzvError> {
+        let start = Instant::now();
+        let deadline = start + self.settings.join_timeout;
+        self.current = None;
+        loop {
+            if self.closed().await? {
+                return Err(RdzvError::Closed(self.settings.run_id.clone()));
+            }
+            let (raw, round, expected) = self.read_round().await?;
+            let slot = self.take_slot(round).await?;
+            match self.await_seal(round, slot, expected, deadline).await? {
+                Joined::Member(info) => {
+                    let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                    self.prev_rank = Some(info.group_rank);
+                    self.round_raw = raw;
+                    self.current = Some(info.clone());
+                    self.watch_round(&info).await?;
+                    tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
+                    return Ok(info);
+                }
+                Joined::Spare => self.wait_as_spare(round).await?,
+                Joined::Moved => {}
+            }
+        }
+    }
+
+    /// Takes a slot in `round` and writes this node's record there.
+    async fn take_slot(&self, round: u64) -> Result<i64, RdzvError> {
+        // Again each round: a node evicted for missing heartbeats (stopped, not dead) rejoins as alive.
+        self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        let slot = self.store.add(&self.key(&format!("r/{round}/slot")), 1).await?;
+        let record = Record { node: self.me.clone(), slot, prev_rank: self.prev_rank, pref_rank: self.settings.node_rank };
+        let bytes = serde_json::to_vec(&record).map_err(|e| RdzvError::State(e.to_string()))?;
+        self.store.set(&self.key(&format!("r/{round}/m/{slot}")), &bytes).await?;
+        Ok(slot)
+    }
+
+    /// Waits for `round`'s seal, sealing it when it is due. The node that completes the round (MAX, or the
+    /// `expected` of a re-formation) seals it at once; from MIN on, the last call starts, and whoever sees it
+    /// end seals.
+    async fn await_seal(&self, round: u64, slot: i64, expected: Option<u32>, deadline: Instant) -> Result<Joined, RdzvError> {
+        let sealed_key = self.key(&format!("r/{round}/sealed"));
+        let min = i64::from(self.settings.min_nodes);
+        let full = |joined: i64| {
+            joined >= i64::from(self.settings.max_nodes) || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min)
+        };
+        let mut seal_due = full(slot);
+        let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
+        let mut polls = 0u32;
+        loop {
+            // Records still being written: look again in a moment rather than a whole check period.
+            let mut soon = false;
+            if seal_due {
+                let late = last_call.is_some_and(|t| Instant::now() >= t);
+                soon = self.try_seal(round, late).await? == SealAttempt::RecordsInFlight;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(RdzvError::Timeout {
+                    run_id: self.settings.run_id.clone(),
+                    timeout: self.settings.join_timeout,
+                    joined: self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?,
+                    min: self.settings.min_nodes,
+                });
+            }
+            // During the last call nothing needs checking before its end: a joiner that completes the round
+            // seals it itself.
+            let wake = match last_call {
+                Some(t) if t > now && !seal_due => t,
+                _ if soon => now + Duration::from_millis(20),
+                _ => now + JOIN_CHECK,
+            };
+            if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
+                return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
+                    Some(assignment) => Ok(Joined::Member(RoundInfo::decode(round, &assignment)?)),
+                    None => Ok(Joined::Spare),
+                };
+            }
+            polls += 1;
+            let now = Instant::now();
+            // Below MIN when this node joined: count the others until the last call starts; a backup for the
+            // node that reached MIN, should it die before sealing.
+            if last_call.is_none() {
+                let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+                if full(joined) {
+                    seal_due = true;
+                } else if joined >= min {
+                    last_call = Some(now + self.settings.last_call_timeout);
+                }
+            }
+            if last_call.is_some_and(|t| now >= t) {
+                seal_due = true;
+            }
+            if polls % 5 == 0 && self.read_round().await?.1 != round {
+                return Ok(Joined::Moved);
+            }
+        }
+    }
+
+    /// Seals `round` if this node holds the sealer lock (`r/<R>/sealer` = the holder's id, taken by
+    /// compare-and-set, taken over from a holder that is no longer alive). Before the last call has passed
+    /// (`late`), it seals only once every slot taken has its record: a joiner between its slot and its record
+    /// is not left out.
+    async fn try_seal(&self, round: u64, late: bool) -> Result<SealAttempt, RdzvError> {
+        let lock = self.key(&format!("r/{round}/sealer"));
+        let me = self.me.id.as_bytes();
+        let holder = self.store.compare_set(&lock, b"", me).await?;
+        if holder != me {
+            let id = String::from_utf8_lossy(&holder).into_owned();
+            let holder_alive = self.store.get(&self.key(&format!("alive/{id}"))).await?.is_some();
+            if holder.is_empty() || holder_alive || self.store.compare_set(&lock, &holder, me).await? != me {
+                return Ok(SealAttempt::NotMine);
+            }
+        }
+        let member_prefix = self.key(&format!("r/{round}/m/"));
+        let keys = self.store.list(&member_prefix).await?;
+        let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+        if !late && (keys.len() as i64) < joined {
+            self.store.compare_set(&lock, me, b"").await?;
+            return Ok(SealAttempt::RecordsInFlight);
+        }
+        let alive = self.alive_nodes().await?;
+        let values = self.store.multi_get(&keys).await?;
+        let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
+        for v in values {
+            let r: Record = serde_json::from_slice(&v).map_err(|e| RdzvError::State(format!("bad record: {e}")))?;
+            if alive.contains(&r.node.id) || r.node.id == self.me.id {
+                by_node.entry(r.node.id.clone()).or_insert(r);
+            }
+        }
+        let ranked = assign_ranks(by_node.into_values().collect(), &self.settings)?;
+        if ranked.len() < self.settings.min_nodes as usize {
+            // Joiners died before the seal: release the lock and keep waiting for more.
+            self.store.compare_set(&lock, me, b"").await?;
+            return Ok(SealAttempt::TooFew);
+        }
+        let members: Vec<NodeInfo> = ranked.iter().map(|r| r.node.clone()).collect();
+        let (n, world_size) = (members.len(), members.iter().map(|m| m.nproc).sum());
+        let mut base_global_rank = 0;
+        let mut assignments = Vec::with_capacity(n);
+        for (rank, record) in ranked.iter().enumerate() {
+            let neighbours = (1..n.min(3)).map(|d| members[(rank + d) % n].clone()).collect();
+            let info = RoundInfo { round, group_rank: rank as u32, group_world_size: n as u32, base_global_rank, world_size, neighbours };
+            assignments.push((self.key(&format!("r/{round}/a/{}", record.slot)), info.encode()));
+            base_global_rank += record.node.nproc;
+        }
+        // Assignments first: a node woken by the seal reads its own at once.
+        self.store.multi_set(&assignments).await?;
+        self.store.set(&self.key(&format!("r/{round}/sealed")), &Seal { members }.encode()).await?;
+        Ok(SealAttempt::Sealed)
+    }
+
+    /// Not in the sealed round: a spare until the members open the next one (no timeout while the job is at
+    /// its maximum size, as torch's redundancy list) or the job closes.
+    async fn wait_as_spare(&mut self, round: u64) -> Result<(), RdzvError> {
+        self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), b"1").await?;
+        let (open, closed) = (self.key(&format!("r/{}/open", round + 1)), self.key("closed"));
+        tracing::info!(round, "the round is full or already sealed; waiting for the next one");
+        loop {
+            // Two waits, each on its own connection; the one that loses is dropped with its connection.
+            tokio::select! {
+                opened = self.store.wait(&open, SPARE_WAIT) => if opened? {
+                    return Ok(());
+                },
+                ended = self.store.wait(&closed, SPARE_WAIT) => if ended? {
+                    return Err(RdzvError::Closed(self.settings.run_id.clone()));
+                },
+            }
+        }
+    }
+
+    /// Opens the round after the current one, expecting the members still alive plus the waiting joiners;
+    /// idempotent across members (compare-and-set on the round counter).
+    pub async fn open_next_round(&self) -> Result<(), RdzvError> {
+        let Some(current) = &self.current else { return Ok(()) };
+        let alive = self.alive_nodes().await?;
+        let waiting = self.store.list(&self.key("waiting/")).await?.len();
+        let seal = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await?.unwrap_or_default();
+        let members = Seal::decode(&seal)?.members.iter().filter(|m| alive.contains(&m.id)).count();
+        let expected = (members + waiting).min(self.settings.max_nodes as usize);
+        let to = format!("{}/{expected}", current.round + 1);
+        let key = self.key("round");
+        self.store.compare_set(&key, &self.round_raw, to.as_bytes()).await?;
+        if self.read_round().await?.1 > current.round {
+            self.store.set(&self.key(&format!("r/{}/open", current.round + 1)), b"1").await?;
+        }
+        Ok(())
+    }
+
+}

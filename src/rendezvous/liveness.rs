@@ -1,0 +1,212 @@
+//! Liveness: the session key and heartbeats of this agent, the watch on what can end a round, the events
+//! it yields, and leaving.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::wire::{Fingerprint, RoundInfo};
+use super::{Published, RdzvError, RdzvEvent, Rendezvous};
+use crate::store::{Store, WatchEventKind, WatchTarget};
+
+impl<S: Store> Rendezvous<S> {
+    /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
+    /// instead of after a heartbeat timeout.
+    pub async fn leave(&mut self) -> Result<(), RdzvError> {
+        if let Some(h) = self.heartbeat.take() {
+            h.abort();
+        }
+        self.store.delete(&self.key(&format!("alive/{}", self.me.id))).await?;
+        Ok(())
+    }
+
+    /// Registers liveness and checks the launch fingerprint. Call once before the first round.
+    pub async fn register(&mut self) -> Result<(), RdzvError> {
+        let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
+        let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
+        if current != mine {
+            let job: Fingerprint = serde_json::from_slice(&current)
+                .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;
+            let diff = self.fingerprint.differences(&job);
+            if !diff.is_empty() {
+                return Err(RdzvError::Mismatch(diff.join("; ")));
+            }
+        }
+        self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
+        let write_timeout = self.settings.heartbeat_timeout;
+        self.heartbeat = Some(tokio::spawn(async move {
+            let mut beat: u64 = 0;
+            loop {
+                beat += 1;
+                match tokio::time::timeout(write_timeout, store.set(&key, beat.to_string().as_bytes())).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(e)) => tracing::warn!("heartbeat write failed: {e}"),
+                    Err(_) => tracing::warn!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"),
+                }
+                tokio::time::sleep(every).await;
+            }
+        }));
+        Ok(())
+    }
+
+    /// Watches what can end this round, at O(1) per node: the round counter, `closed`, the waiting list, and
+    /// the liveness of the next two members in rank order (a ring: each member is watched by two others, and
+    /// whoever sees a death opens the next round, which every member sees). Then re-reads them, so a change
+    /// between the seal and the watch is not missed.
+    pub(super) async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
+        let neighbours = &info.neighbours;
+        let mut targets = vec![
+            WatchTarget::Key(self.key("round")),
+            WatchTarget::Key(self.key("closed")),
+            WatchTarget::Prefix(self.key("waiting/")),
+        ];
+        targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
+        self.events = Some(self.store.watch(&targets).await?);
+        self.neighbours = neighbours.iter().map(|m| (m.id.clone(), None, 0)).collect();
+        self.pending = None;
+        self.batch_until = None;
+        self.next_check = None;
+        self.joiner_arrived(info).await?;
+        for m in neighbours {
+            if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
+                self.pending = Some(RdzvEvent::PeerLost(m.id.clone()));
+            }
+        }
+        if self.read_round().await?.1 > info.round {
+            self.pending = Some(RdzvEvent::RoundChanged);
+        }
+        if self.closed().await? {
+            self.pending = Some(RdzvEvent::Closed);
+        }
+        Ok(())
+    }
+
+    /// Ids of the agents whose liveness key exists.
+    pub(super) async fn alive_nodes(&self) -> Result<HashSet<String>, RdzvError> {
+        let keys = self.store.list(&self.key("alive/")).await?;
+        Ok(keys.into_iter().filter_map(|k| k.rsplit('/').next().map(str::to_string)).collect())
+    }
+
+    /// Waits for the next event that ends the running round. Joiners are batched for one last-call window,
+    /// so a trickle of them costs one re-formation, unless they fill the group to MAX: then there is nothing
+    /// to wait for. Cancel-safe: events stay queued in the channel, and the batch deadline and heartbeat
+    /// checks are kept across calls.
+    pub async fn next_event(&mut self) -> Result<RdzvEvent, RdzvError> {
+        if let Some(event) = self.pending.take() {
+            return Ok(event);
+        }
+        let Some(current) = self.current.clone() else {
+            return Err(RdzvError::State("no round is running".into()));
+        };
+        let members: HashSet<&str> = current.neighbours.iter().map(|m| m.id.as_str()).collect();
+        loop {
+            let Some(events) = self.events.as_mut() else { return Err(RdzvError::StoreLost) };
+            let check_at = *self.next_check.get_or_insert_with(Instant::now);
+            let batch = async {
+                match self.batch_until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let event = tokio::select! {
+                e = events.recv() => e,
+                () = batch => {
+                    self.batch_until = None;
+                    return Ok(RdzvEvent::JoinersWaiting);
+                }
+                () = tokio::time::sleep_until(check_at) => {
+                    self.next_check = Some(Instant::now() + self.settings.keep_alive_interval);
+                    if let Some(id) = self.evict_stale_neighbour().await? {
+                        return Ok(RdzvEvent::PeerLost(id));
+                    }
+                    continue;
+                }
+            };
+            let Some(event) = event else { return Err(RdzvError::StoreLost) };
+            let Some(rest) = event.key.strip_prefix(self.prefix.as_str()) else { continue };
+            match (event.kind, rest.split_once('/')) {
+                (WatchEventKind::Deleted, Some(("alive", node))) if members.contains(node) && node != self.me.id => {
+                    return Ok(RdzvEvent::PeerLost(node.to_string()));
+                }
+                (WatchEventKind::Written, Some(("waiting", _))) => {
+                    self.joiner_arrived(&current).await?;
+                    if let Some(event) = self.pending.take() {
+                        return Ok(event);
+                    }
+                }
+                (WatchEventKind::Written, None) if rest == "round" => {
+                    let (_, round, _) = self.read_round().await?;
+                    if round > current.round {
+                        return Ok(RdzvEvent::RoundChanged);
+                    }
+                }
+                (WatchEventKind::Written, None) if rest == "closed" => return Ok(RdzvEvent::Closed),
+                _ => {}
+            }
+        }
+    }
+
+    /// Joiners may be waiting: if the group has room, they are let in after one last call, or at once
+    /// (a pending `JoinersWaiting`) when they fill it to MAX.
+    async fn joiner_arrived(&mut self, current: &RoundInfo) -> Result<(), RdzvError> {
+        let max = self.settings.max_nodes as usize;
+        if current.group_world_size as usize >= max {
+            return Ok(());
+        }
+        let waiting = self.store.list(&self.key("waiting/")).await?.len();
+        if waiting == 0 {
+            return Ok(());
+        }
+        if current.group_world_size as usize + waiting >= max {
+            self.batch_until = None;
+            self.pending = Some(RdzvEvent::JoinersWaiting);
+        } else if self.batch_until.is_none() {
+            self.batch_until = Some(Instant::now() + self.settings.last_call_timeout);
+        }
+        Ok(())
+    }
+
+    /// A neighbour whose heartbeat stopped (a hung or stopped agent, whose connection may stay open) is
+    /// evicted: deleting its liveness key tells its other watcher too. Returns its id.
+    async fn evict_stale_neighbour(&mut self) -> Result<Option<String>, RdzvError> {
+        for i in 0..self.neighbours.len() {
+            let id = self.neighbours[i].0.clone();
+            let beat = self.store.get(&self.key(&format!("hb/{id}"))).await?;
+            let (_, last, stale) = &mut self.neighbours[i];
+            if beat.is_some() && beat == *last {
+                *stale += 1;
+            } else {
+                *stale = 0;
+                *last = beat;
+            }
+            if *stale >= self.settings.keep_alive_max_attempt {
+                tracing::warn!(node = %id, "no heartbeat for {} checks; evicting it", *stale);
+                self.store.delete(&self.key(&format!("alive/{id}"))).await?;
+                return Ok(Some(id));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits up to `timeout` for a value group rank 0 publishes for the current round, or for a membership
+    /// event, whichever comes first: group rank 0 may die (or the round change) before it publishes, and
+    /// then the others must re-form rather than wait out the timeout. Cancel-safe, as `next_event`.
+    pub async fn wait_published(&mut self, name: &str, timeout: Duration) -> Result<Published, RdzvError> {
+        let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
+        let key = self.key(&format!("r/{round}/{name}"));
+        let store = self.store.clone();
+        // One long WAIT on a connection of its own; dropped when the membership changes first.
+        let published = async {
+            if !store.wait(&key, timeout).await? {
+                return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+            }
+            store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
+        };
+        tokio::select! {
+            value = published => value.map(Published::Value),
+            event = self.next_event() => event.map(Published::Changed),
+        }
+    }
+}

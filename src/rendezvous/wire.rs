@@ -1,0 +1,119 @@
+//! The rendezvous's records as stored: the launch fingerprint, a joiner's record, the seal, each member's
+//! assignment and the round counter. Pure encode/decode, unit-tested.
+
+use serde::{Deserialize, Serialize};
+
+use super::{NodeInfo, RdzvError};
+
+/// What every member publishes; the first member's fingerprint is the job's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fingerprint {
+    pub entrypoint: String,
+    pub args: Vec<String>,
+    /// `--nproc-per-node` as given: `gpu` matches `gpu` even when the counts differ between nodes.
+    pub nproc_spec: String,
+    /// `--nnodes` as the config resolved it, `MIN:MAX`.
+    pub nnodes: String,
+}
+
+impl Fingerprint {
+    pub(super) fn differences(&self, job: &Fingerprint) -> Vec<String> {
+        let mut d = Vec::new();
+        if self.entrypoint != job.entrypoint {
+            d.push(format!("script '{}' (the job runs '{}')", self.entrypoint, job.entrypoint));
+        }
+        if self.args != job.args {
+            d.push(format!("arguments {:?} (the job uses {:?})", self.args, job.args));
+        }
+        if self.nnodes != job.nnodes {
+            d.push(format!("--nnodes {} (the job uses {})", self.nnodes, job.nnodes));
+        }
+        if self.nproc_spec != job.nproc_spec {
+            d.push(format!("--nproc-per-node {} (the job uses {})", self.nproc_spec, job.nproc_spec));
+        }
+        d
+    }
+}
+
+/// A joiner's record for one round (`r/<R>/m/<slot>`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(super) struct Record {
+    pub(super) node: NodeInfo,
+    pub(super) slot: i64,
+    pub(super) prev_rank: Option<u32>,
+    pub(super) pref_rank: Option<u32>,
+}
+
+/// The sealed membership, in group-rank order. Every member reads it once per round, so it is a compact
+/// line per member (`<nproc> <addr> <id>`) rather than JSON: at thousands of nodes, parsing dominates.
+#[derive(Debug, Clone)]
+pub(super) struct Seal {
+    pub(super) members: Vec<NodeInfo>,
+}
+
+impl Seal {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = String::with_capacity(self.members.len() * 48);
+        for m in &self.members {
+            out.push_str(&format!("{} {} {}\n", m.nproc, m.addr, m.id));
+        }
+        out.into_bytes()
+    }
+
+    pub(super) fn decode(bytes: &[u8]) -> Result<Seal, RdzvError> {
+        let text = std::str::from_utf8(bytes).map_err(|e| RdzvError::State(format!("bad seal: {e}")))?;
+        let members = text
+            .lines()
+            .map(|l| {
+                let mut f = l.splitn(3, ' ');
+                match (f.next().and_then(|n| n.parse().ok()), f.next(), f.next()) {
+                    (Some(nproc), Some(addr), Some(id)) => Ok(NodeInfo { id: id.into(), addr: addr.into(), nproc }),
+                    _ => Err(RdzvError::State(format!("bad seal line '{l}'"))),
+                }
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Seal { members })
+    }
+}
+
+
+/// One sealed round, from this node's point of view.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoundInfo {
+    pub round: u64,
+    pub group_rank: u32,
+    pub group_world_size: u32,
+    pub base_global_rank: u32,
+    pub world_size: u32,
+    /// The next two members in rank order (those whose liveness this node watches).
+    pub neighbours: Vec<NodeInfo>,
+}
+
+impl RoundInfo {
+    /// One member's view of the round, as the sealer writes it to `r/<R>/a/<slot>`: O(1) bytes per node,
+    /// so nobody reads the whole membership to learn its rank.
+    pub(super) fn encode(&self) -> Vec<u8> {
+        let mut out = format!("{} {} {} {}\n", self.group_rank, self.group_world_size, self.base_global_rank, self.world_size);
+        out.push_str(&String::from_utf8_lossy(&Seal { members: self.neighbours.clone() }.encode()));
+        out.into_bytes()
+    }
+
+    pub(super) fn decode(round: u64, bytes: &[u8]) -> Result<RoundInfo, RdzvError> {
+        let bad = || RdzvError::State("bad rank assignment".into());
+        let text = std::str::from_utf8(bytes).map_err(|_| bad())?;
+        let (head, rest) = text.split_once('\n').unwrap_or((text, ""));
+        let n: Vec<u32> = head.split_whitespace().map(str::parse).collect::<Result<_, _>>().map_err(|_| bad())?;
+        let [group_rank, group_world_size, base_global_rank, world_size] = n[..] else { return Err(bad()) };
+        let neighbours = Seal::decode(rest.as_bytes())?.members;
+        Ok(RoundInfo { round, group_rank, group_world_size, base_global_rank, world_size, neighbours })
+    }
+}
+
+/// The round counter's value: `R` or `R/expected`.
+pub(super) fn parse_round(v: &[u8]) -> (u64, Option<u32>) {
+    let s = String::from_utf8_lossy(v);
+    let mut it = s.trim().splitn(2, '/');
+    let round = it.next().and_then(|r| r.parse().ok()).unwrap_or(0);
+    let expected = it.next().and_then(|e| e.parse().ok());
+    (round, expected)
+}
