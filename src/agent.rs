@@ -227,10 +227,10 @@ impl Machine {
 
 /// The rendezvous store: hosted by this agent when it is the store's host, reached over TCP in any case.
 async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RemoteStore), AgentError> {
-    let join_timeout = cfg.conf_duration("join_timeout", 600.0);
-    let read_timeout = cfg.conf_duration("read_timeout", 60.0);
+    let join_timeout = cfg.rdzv.join_timeout;
+    let read_timeout = cfg.rdzv.read_timeout;
     let server_config = ServerConfig {
-        keepalive: Some(cfg.conf_duration("keep_alive_interval", 5.0)),
+        keepalive: Some(cfg.rdzv.keep_alive_interval),
         ..ServerConfig::default()
     };
     let any = |port: u16| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
@@ -343,12 +343,12 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
         run_id: cfg.run_id.clone(),
         min_nodes: cfg.min_nodes,
         max_nodes: cfg.max_nodes,
-        join_timeout: cfg.conf_duration("join_timeout", 600.0),
-        last_call_timeout: cfg.conf_duration("last_call_timeout", 30.0),
-        exit_barrier_timeout: cfg.conf_duration("exit_barrier_timeout", 300.0),
-        keep_alive_interval: cfg.conf_duration("keep_alive_interval", 5.0),
-        keep_alive_max_attempt: cfg.rdzv_conf.get("keep_alive_max_attempt").and_then(|v| v.parse().ok()).unwrap_or(3),
-        heartbeat_timeout: cfg.conf_duration("heartbeat_timeout", 5.0),
+        join_timeout: cfg.rdzv.join_timeout,
+        last_call_timeout: cfg.rdzv.last_call_timeout,
+        exit_barrier_timeout: cfg.rdzv.exit_barrier_timeout,
+        keep_alive_interval: cfg.rdzv.keep_alive_interval,
+        keep_alive_max_attempt: cfg.rdzv.keep_alive_max_attempt,
+        heartbeat_timeout: cfg.rdzv.heartbeat_timeout,
         node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
         strict_rank: static_rdzv,
     };
@@ -429,7 +429,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
             rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await?;
             (addr, port)
         } else {
-            let v = match rendezvous.wait_published("master", cfg.conf_duration("read_timeout", 60.0)).await? {
+            let v = match rendezvous.wait_published("master", cfg.rdzv.read_timeout).await? {
                 Published::Value(v) => v,
                 Published::Changed(RdzvEvent::Closed) => {
                     machine.go(State::Failed, json!({ "reason": "closed by another node" }));
@@ -536,7 +536,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 if let Err(e) = rendezvous.exit_barrier().await {
                     tracing::warn!("{e}");
                 }
-                close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
+                close(&rendezvous, cfg.rdzv.close_timeout).await;
                 machine.go(State::Succeeded, json!({}));
                 return Ok(Outcome::Succeeded);
             }
@@ -559,7 +559,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 );
             }
             GroupOutcome::Failed(failures) => {
-                close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
+                close(&rendezvous, cfg.rdzv.close_timeout).await;
                 machine.go(State::Failed, json!({ "failures": failures.len() }));
                 return Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures });
             }
@@ -589,7 +589,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                         machine.go(State::Restarting, json!({ "reason": "gpu fault", "restart_count": restart_count }));
                     }
                     Action::Restart => {
-                        close(&rendezvous, cfg.conf_duration("close_timeout", 30.0)).await;
+                        close(&rendezvous, cfg.rdzv.close_timeout).await;
                         machine.go(State::Failed, detail);
                         return Err(AgentError::Gpu(format!(
                             "{} on GPU {} ({}) and no restarts left (--max-restarts {})",

@@ -12,6 +12,10 @@ use nix::sys::signal::Signal;
 
 use crate::cli::Cli;
 
+mod rdzv;
+
+pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
+
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
 pub struct ConfigError(String);
@@ -19,31 +23,6 @@ pub struct ConfigError(String);
 fn bad(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
 }
-
-/// The rendezvous keys torchrun 2.15 knows (reference §1.4).
-pub const RDZV_CONF_KEYS: &[&str] = &[
-    "join_timeout",
-    "last_call_timeout",
-    "close_timeout",
-    "heartbeat_timeout",
-    "keep_alive_interval",
-    "keep_alive_max_attempt",
-    "cas_backoff_max_seconds",
-    "read_timeout",
-    "is_host",
-    "store_type",
-    "timeout",
-    "protocol",
-    "ssl_cert",
-    "ssl_cert_key",
-    "ca_cert",
-    "etcd_prefix",
-    "cacert",
-    "cert",
-    "key",
-    // muster's own: how long a finished node waits for the others (torch hard-codes 300 s).
-    "exit_barrier_timeout",
-];
 
 /// Signals muster can trap and forward.
 const HANDLEABLE_SIGNALS: &[Signal] = &[
@@ -127,18 +106,6 @@ pub struct Entrypoint {
     pub name: String,
 }
 
-/// How this node meets its peers.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Rendezvous {
-    /// c10d: muster's rendezvous store at `host:port`, hosted by the agent on that machine (`is_host`, or
-    /// torch's heuristic when None); the group-rank-0 agent serves the workers' store on a port it binds and
-    /// exports `MASTER_ADDR` = `local_addr`. `--standalone` is c10d on `localhost:0`.
-    C10d { host: String, port: u16, is_host: Option<bool> },
-    /// static: the store at `MASTER_ADDR:MASTER_PORT`, hosted by node rank 0 and shared with the workers;
-    /// every node must be there (`--nnodes N`) and `--node-rank` is the group rank.
-    Static { master_addr: String, master_port: u16 },
-}
-
 #[derive(Debug, Clone)]
 pub struct LogConfig {
     /// None: a fresh `torchelastic_*` temp directory. `/dev/null`: no files at all.
@@ -180,7 +147,8 @@ pub struct LaunchConfig {
     /// `--nproc-per-node` as given (part of the launch fingerprint).
     pub nproc_spec: String,
     pub run_id: String,
-    pub rdzv_conf: BTreeMap<String, String>,
+    /// `--rdzv-conf`, typed.
+    pub rdzv: RdzvConf,
     pub node_rank: u32,
     pub max_restarts: u32,
     pub role: String,
@@ -239,11 +207,6 @@ impl LaunchConfig {
         crate::telemetry::Events { console: self.event_log_console }
     }
 
-    /// A `--rdzv-conf` duration in seconds, or the default (values were validated when parsed).
-    pub fn conf_duration(&self, key: &str, default_secs: f64) -> Duration {
-        let secs = self.rdzv_conf.get(key).and_then(|v| v.parse::<f64>().ok()).unwrap_or(default_secs);
-        Duration::from_secs_f64(secs)
-    }
 }
 
 /// The outside world `LaunchConfig::from_cli` consults, injectable for tests.
@@ -291,40 +254,6 @@ fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
             "invalid value '{s}' for '--nproc-per-node': use an integer > 0, cpu, gpu or auto"
         ))),
     }
-}
-
-/// `k1=v1,k2=v2` as torchrun parses it: keys and values trimmed, a later duplicate wins.
-pub fn parse_rdzv_conf(s: &str) -> Result<BTreeMap<String, String>, ConfigError> {
-    let mut out = BTreeMap::new();
-    if s.trim().is_empty() {
-        return Ok(out);
-    }
-    for item in s.split(',') {
-        let (k, v) = item.split_once('=').map(|(k, v)| (k.trim(), v.trim())).unwrap_or((item.trim(), ""));
-        if k.is_empty() || v.is_empty() {
-            return Err(bad(format!(
-                "invalid value '{s}' for '--rdzv-conf': '{item}' is not key=value; use k1=v1,k2=v2 with keys {}",
-                RDZV_CONF_KEYS.join(", ")
-            )));
-        }
-        if !RDZV_CONF_KEYS.contains(&k) {
-            return Err(bad(format!(
-                "unknown key '{k}' in '--rdzv-conf'; known keys: {}",
-                RDZV_CONF_KEYS.join(", ")
-            )));
-        }
-        if k == "keep_alive_max_attempt" && !v.parse::<u32>().is_ok_and(|n| n > 0) {
-            return Err(bad(format!("'--rdzv-conf {k}={v}': must be an integer > 0")));
-        }
-        if k.ends_with("_timeout") || k == "keep_alive_interval" {
-            match v.parse::<f64>() {
-                Ok(x) if x > 0.0 && x.is_finite() => {}
-                _ => return Err(bad(format!("'--rdzv-conf {k}={v}': must be a number of seconds > 0"))),
-            }
-        }
-        out.insert(k.to_string(), v.to_string());
-    }
-    Ok(out)
 }
 
 /// `--duplicate-*-filters`: comma-separated substrings, `,,` stands for a literal comma.
@@ -467,32 +396,11 @@ fn entrypoint(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {
     Ok(Entrypoint { program, args, script_args: script_args.to_vec(), name })
 }
 
-/// Host and port of `--rdzv-endpoint` as torch's `parse_rendezvous_endpoint` splits them.
-fn parse_endpoint(endpoint: &str) -> Result<(String, Option<u16>), ConfigError> {
-    let e = endpoint.trim();
-    let (host, port) = if e.starts_with('[') && e.ends_with(']') {
-        (e, None)
-    } else {
-        match e.rsplit_once(':') {
-            Some((h, p)) if !h.is_empty() && !h.ends_with(':') => (h, Some(p)),
-            _ => (e, None),
-        }
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
-    let port = port
-        .map(|p| {
-            p.parse::<u16>()
-                .map_err(|_| bad(format!("invalid port '{p}' in '--rdzv-endpoint {endpoint}': use 0..=65535")))
-        })
-        .transpose()?;
-    Ok((host, port))
-}
-
 impl LaunchConfig {
     pub fn from_cli(cli: &Cli, host: &Host) -> Result<LaunchConfig, ConfigError> {
         let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
         let nproc_per_node = parse_nproc(&cli.nproc_per_node, host)?;
-        let mut rdzv_conf = parse_rdzv_conf(&cli.rdzv_conf)?;
+        let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
         let signals = parse_signals(&cli.signals_to_handle)?;
         let entrypoint = entrypoint(cli, host)?;
 
@@ -500,67 +408,7 @@ impl LaunchConfig {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
 
-        // torchrun 2.15: --standalone, and the implicit standalone of a single-node static job with no
-        // endpoint and no master port, both become c10d on localhost:0 with a fresh run id.
-        let implicit_standalone = !cli.standalone
-            && cli.rdzv_backend == "static"
-            && cli.rdzv_endpoint.is_empty()
-            && cli.master_port.is_none()
-            && max_nodes == 1;
-        let standalone = cli.standalone || implicit_standalone;
-        let (backend, endpoint, run_id) = if standalone {
-            ("c10d".to_string(), "localhost:0".to_string(), uuid::Uuid::new_v4().to_string())
-        } else {
-            (cli.rdzv_backend.clone(), cli.rdzv_endpoint.clone(), cli.rdzv_id.clone())
-        };
-
-        let rendezvous = match backend.as_str() {
-            "static" => {
-                if cli.node_rank >= max_nodes {
-                    return Err(bad(format!(
-                        "invalid value '{}' for '--node-rank': must be < --nnodes ({max_nodes})",
-                        cli.node_rank
-                    )));
-                }
-                let (addr, port) = if cli.rdzv_endpoint.is_empty() {
-                    (cli.master_addr.clone(), cli.master_port.or(Some(29500)))
-                } else {
-                    parse_endpoint(&cli.rdzv_endpoint)?
-                };
-                let master_port = port.ok_or_else(|| {
-                    bad(format!("'--rdzv-endpoint {}': the static backend needs host:port", cli.rdzv_endpoint))
-                })?;
-                rdzv_conf.insert("rank".to_string(), cli.node_rank.to_string());
-                let master_addr = addr.trim_start_matches('[').trim_end_matches(']').to_string();
-                Rendezvous::Static { master_addr, master_port }
-            }
-            "c10d" => {
-                let (h, port) = parse_endpoint(&endpoint)?;
-                let is_host = match rdzv_conf.get("is_host").map(|v| v.to_ascii_lowercase()) {
-                    None => None,
-                    Some(v) if ["1", "true", "t", "yes", "y"].contains(&v.as_str()) => Some(true),
-                    Some(v) if ["0", "false", "f", "no", "n"].contains(&v.as_str()) => Some(false),
-                    Some(v) => return Err(bad(format!("'--rdzv-conf is_host={v}': use true or false"))),
-                };
-                let host = if h.is_empty() { "localhost".to_string() } else { h };
-                let is_host = if standalone { Some(true) } else { is_host };
-                Rendezvous::C10d { host, port: port.unwrap_or(29400), is_host }
-            }
-            "etcd" | "etcd-v2" => {
-                return Err(bad(format!(
-                    "'--rdzv-backend {backend}' is not available in this muster version yet; use c10d or static"
-                )))
-            }
-            other => {
-                return Err(bad(format!(
-                    "invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd or etcd-v2"
-                )))
-            }
-        };
-        if cli.node_rank != 0 && backend != "static" {
-            tracing::warn!("--node-rank is only used by the static rendezvous backend; ignoring it");
-        }
-        rdzv_conf.entry("timeout".to_string()).or_insert_with(|| "900".to_string());
+        let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
 
         let shutdown_timeout = match cli.shutdown_timeout {
             Some(s) => s,
@@ -595,12 +443,12 @@ impl LaunchConfig {
             min_nodes,
             max_nodes,
             nproc_per_node,
-            rdzv_backend: backend,
+            rdzv_backend,
             rendezvous,
             local_addr: cli.local_addr.clone().unwrap_or_else(|| (host.fqdn)()),
             nproc_spec: cli.nproc_per_node.trim().to_string(),
             run_id,
-            rdzv_conf,
+            rdzv,
             node_rank: cli.node_rank,
             max_restarts: cli.max_restarts,
             role: cli.role.clone(),
@@ -663,16 +511,6 @@ mod tests {
     }
 
     #[test]
-    fn rdzv_conf_parses_and_names_known_keys() {
-        let c = parse_rdzv_conf(" join_timeout = 5 ,is_host=1,join_timeout=7").unwrap();
-        assert_eq!(c["join_timeout"], "7");
-        let e = parse_rdzv_conf("foo").unwrap_err().to_string();
-        assert!(e.contains("--rdzv-conf") && e.contains("join_timeout"), "{e}");
-        assert!(parse_rdzv_conf("bogus=1").unwrap_err().to_string().contains("known keys"));
-        assert!(parse_rdzv_conf("read_timeout=0").is_err());
-    }
-
-    #[test]
     fn filters_unescape_double_commas() {
         assert_eq!(parse_filters("a,b,,c,"), ["a", "b,c"]);
         assert!(parse_filters("").is_empty());
@@ -714,12 +552,26 @@ mod tests {
             (&["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "/bin/true"], "--node-rank"),
             (&["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "/bin/true"], "is_host"),
             (&["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "/bin/true"], "etcd"),
+            (&["--rdzv-endpoint", ":", "/bin/true"], "--rdzv-endpoint"),
+            (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
             (&[], "script is missing"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn rdzv_conf_reaches_the_config_typed() {
+        let c = config(&[
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:31005", "--rdzv-conf", "is_host=0,join_timeout=5",
+            "/bin/true",
+        ])
+        .unwrap();
+        assert_eq!(c.rdzv.join_timeout, Duration::from_secs(5));
+        assert_eq!(c.rdzv.read_timeout, Duration::from_secs(60));
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "::1".into(), port: 31005, is_host: Some(false) });
     }
 
     #[test]
