@@ -6,9 +6,8 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use muster::agent::{self, Outcome};
-use muster::cli::{self, Cli};
+use muster::cli;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::{failure, reaper::OrphanGuard};
 
@@ -27,7 +26,7 @@ fn main() -> ExitCode {
     if args.get(1).map(String::as_str) == Some("plan") {
         return ExitCode::from(u8::try_from(muster::plan::plan_main(&args[2..])).unwrap_or(1));
     }
-    let cli = match Cli::try_parse_from(&args) {
+    let cli = match cli::parse(&args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print();

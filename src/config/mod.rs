@@ -209,6 +209,20 @@ impl LaunchConfig {
 
 }
 
+/// `--log-dir`: created if missing (torchrun creates it at the same point) and writable, so that an unusable
+/// one is bad input, refused before anything starts, rather than a failure of the first start.
+fn prepare_log_dir(dir: &Path) -> Result<(), ConfigError> {
+    let unusable = |why: String| {
+        bad(format!("'--log-dir {}': {why}; give a writable directory (it is created if missing)", dir.display()))
+    };
+    if dir.exists() && !dir.is_dir() {
+        return Err(unusable("is a file, not a directory".to_string()));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| unusable(format!("cannot create it: {e}")))?;
+    use nix::unistd::{access, AccessFlags};
+    access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| unusable(format!("not writable: {e}")))
+}
+
 /// The outside world `LaunchConfig::from_cli` consults, injectable for tests.
 pub struct Host<'a> {
     pub env: &'a dyn Fn(&str) -> Option<String>,
@@ -434,9 +448,7 @@ impl LaunchConfig {
             duplicate_stderr_filters: parse_filters(&cli.duplicate_stderr_filters),
         };
         if let Some(dir) = logs.log_dir.as_deref().filter(|_| !logs.files_disabled()) {
-            if dir.exists() && !dir.is_dir() {
-                return Err(bad(format!("'--log-dir {}' is a file, not a directory", dir.display())));
-            }
+            prepare_log_dir(dir)?;
         }
 
         Ok(LaunchConfig {
@@ -473,7 +485,6 @@ impl LaunchConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     fn host_env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
         move |k: &str| match k {
@@ -485,7 +496,8 @@ mod tests {
     fn config(args: &[&str]) -> Result<LaunchConfig, ConfigError> {
         let env = host_env(&[]);
         let host = Host { env: &env, gpu_count: &|| Err("no driver".into()), cpu_count: 4, fqdn: &|| "node0".into() };
-        let cli = Cli::try_parse_from(std::iter::once("muster").chain(args.iter().copied())).unwrap();
+        let argv: Vec<String> = std::iter::once("muster").chain(args.iter().copied()).map(String::from).collect();
+        let cli = crate::cli::parse(&argv).unwrap();
         LaunchConfig::from_cli(&cli, &host)
     }
 
