@@ -1,19 +1,24 @@
 //! The validated launch configuration: everything the agent needs, checked once, before anything starts.
 //!
-//! Pure apart from three lookups passed in or done at the edge (environment variables, the file system for the
-//! script, NVML for `--nproc-per-node gpu|auto`), so every rule here is unit-tested. Each error names the flag
+//! Pure apart from lookups passed in or done at the edge (environment variables, the file system for the script
+//! and `--log-dir`, NVML for `--nproc-per-node gpu|auto`), so every rule here is unit-tested. Each error names the flag
 //! or value and what would be valid; the binary prints it as one line and exits 2 without starting a worker.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::path::{Path, PathBuf};
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
 use crate::cli::Cli;
 
+mod entrypoint;
+mod logs;
+mod parse;
 mod rdzv;
 
+pub use entrypoint::{find_program, Entrypoint};
+pub use logs::{LogConfig, Std, StdSpec};
+pub use parse::{parse_nnodes, parse_signals};
 pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
 
 #[derive(Debug, thiserror::Error)]
@@ -22,116 +27,6 @@ pub struct ConfigError(String);
 
 fn bad(msg: impl Into<String>) -> ConfigError {
     ConfigError(msg.into())
-}
-
-/// Signals muster can trap and forward.
-const HANDLEABLE_SIGNALS: &[Signal] = &[
-    Signal::SIGTERM,
-    Signal::SIGINT,
-    Signal::SIGHUP,
-    Signal::SIGQUIT,
-    Signal::SIGUSR1,
-    Signal::SIGUSR2,
-];
-
-/// Which of a worker's streams go to files (and, for tee, also to the console).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Std {
-    pub out: bool,
-    pub err: bool,
-}
-
-impl Std {
-    fn from_digit(d: char) -> Option<Std> {
-        let v = d.to_digit(10).filter(|v| *v <= 3)?;
-        Some(Std { out: v & 1 != 0, err: v & 2 != 0 })
-    }
-
-    fn union(self, o: Std) -> Std {
-        Std { out: self.out || o.out, err: self.err || o.err }
-    }
-}
-
-/// `-r` / `-t` values: one mask for every rank, or a per-local-rank map (ranks missing from it get none).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StdSpec {
-    All(Std),
-    PerRank(BTreeMap<u32, Std>),
-}
-
-impl StdSpec {
-    pub fn for_rank(&self, local_rank: u32) -> Std {
-        match self {
-            StdSpec::All(s) => *s,
-            StdSpec::PerRank(m) => m.get(&local_rank).copied().unwrap_or_default(),
-        }
-    }
-
-    fn parse(flag: &str, s: &str) -> Result<StdSpec, ConfigError> {
-        let invalid = || {
-            bad(format!(
-                "invalid value '{s}' for '{flag}': use 0 (none), 1 (stdout), 2 (stderr), 3 (both), \
-                 or a per-rank map like 0:1,1:3"
-            ))
-        };
-        let s = s.trim();
-        let mut chars = s.chars();
-        if let (Some(d), None) = (chars.next(), chars.next()) {
-            return Std::from_digit(d).map(StdSpec::All).ok_or_else(invalid);
-        }
-        // torchrun's regex allows one digit per rank only: ^(\d:[0123],)*(\d:[0123])$
-        let mut map = BTreeMap::new();
-        for item in s.split(',') {
-            let b: Vec<char> = item.chars().collect();
-            match b.as_slice() {
-                [r, ':', m] if r.is_ascii_digit() => {
-                    let std = Std::from_digit(*m).ok_or_else(invalid)?;
-                    map.insert(r.to_digit(10).unwrap_or_default(), std);
-                }
-                _ => return Err(invalid()),
-            }
-        }
-        Ok(StdSpec::PerRank(map))
-    }
-}
-
-/// What the agent runs in each worker: `program args...` with `$local_rank` substituted in `args`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entrypoint {
-    pub program: PathBuf,
-    pub args: Vec<String>,
-    /// The user's arguments after the script (part of the launch fingerprint).
-    pub script_args: Vec<String>,
-    /// The name torchrun prints in the failure summary title.
-    pub name: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct LogConfig {
-    /// None: a fresh `torchelastic_*` temp directory. `/dev/null`: no files at all.
-    pub log_dir: Option<PathBuf>,
-    pub redirects: StdSpec,
-    pub tee: StdSpec,
-    pub prefix_template: Option<String>,
-    pub local_ranks_filter: Option<BTreeSet<u32>>,
-    pub duplicate_stdout_filters: Vec<String>,
-    pub duplicate_stderr_filters: Vec<String>,
-}
-
-impl LogConfig {
-    /// Streams written to files for a rank (tee implies redirect).
-    pub fn redirected(&self, local_rank: u32) -> Std {
-        self.redirects.for_rank(local_rank).union(self.tee.for_rank(local_rank))
-    }
-
-    /// Whether this rank's output reaches the console at all.
-    pub fn on_console(&self, local_rank: u32) -> bool {
-        self.local_ranks_filter.as_ref().is_none_or(|f| f.contains(&local_rank))
-    }
-
-    pub fn files_disabled(&self) -> bool {
-        self.log_dir.as_deref() == Some(Path::new("/dev/null"))
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -206,21 +101,6 @@ impl LaunchConfig {
     pub fn events(&self) -> crate::telemetry::Events {
         crate::telemetry::Events { console: self.event_log_console }
     }
-
-}
-
-/// `--log-dir`: created if missing (torchrun creates it at the same point) and writable, so that an unusable
-/// one is bad input, refused before anything starts, rather than a failure of the first start.
-fn prepare_log_dir(dir: &Path) -> Result<(), ConfigError> {
-    let unusable = |why: String| {
-        bad(format!("'--log-dir {}': {why}; give a writable directory (it is created if missing)", dir.display()))
-    };
-    if dir.exists() && !dir.is_dir() {
-        return Err(unusable("is a file, not a directory".to_string()));
-    }
-    std::fs::create_dir_all(dir).map_err(|e| unusable(format!("cannot create it: {e}")))?;
-    use nix::unistd::{access, AccessFlags};
-    access(dir, AccessFlags::W_OK | AccessFlags::X_OK).map_err(|e| unusable(format!("not writable: {e}")))
 }
 
 /// The outside world `LaunchConfig::from_cli` consults, injectable for tests.
@@ -231,198 +111,20 @@ pub struct Host<'a> {
     pub fqdn: &'a dyn Fn() -> String,
 }
 
-pub fn parse_nnodes(s: &str) -> Result<(u32, u32), ConfigError> {
-    let invalid = || bad(format!("invalid value '{s}' for '--nnodes': use N or MIN:MAX with 0 < MIN <= MAX"));
-    let num = |x: &str| x.trim().parse::<u32>().map_err(|_| invalid());
-    let (min, max) = match s.split(':').collect::<Vec<_>>().as_slice() {
-        [n] => (num(n)?, num(n)?),
-        [a, b] => (num(a)?, num(b)?),
-        _ => return Err(invalid()),
-    };
-    if min == 0 || min > max {
-        return Err(invalid());
-    }
-    Ok((min, max))
-}
-
-fn parse_nproc(s: &str, host: &Host) -> Result<u32, ConfigError> {
-    let s = s.trim();
-    if let Ok(n) = s.parse::<i64>() {
-        return match u32::try_from(n) {
-            Ok(n) if n > 0 => Ok(n),
-            _ => Err(bad(format!(
-                "invalid value '{s}' for '--nproc-per-node': use an integer > 0, cpu, gpu or auto"
-            ))),
-        };
-    }
-    let cpus = u32::try_from(host.cpu_count.max(1)).unwrap_or(u32::MAX);
-    match s {
-        "cpu" => Ok(cpus),
-        "gpu" => match (host.gpu_count)() {
-            Ok(n) if n > 0 => Ok(n),
-            Ok(_) => Err(bad("'--nproc-per-node gpu': NVML reports no GPU on this node; use an integer, cpu or auto")),
-            Err(e) => Err(bad(format!("'--nproc-per-node gpu': {e}; use an integer, cpu or auto"))),
-        },
-        "auto" => Ok((host.gpu_count)().ok().filter(|n| *n > 0).unwrap_or(cpus)),
-        _ => Err(bad(format!(
-            "invalid value '{s}' for '--nproc-per-node': use an integer > 0, cpu, gpu or auto"
-        ))),
-    }
-}
-
-/// `--duplicate-*-filters`: comma-separated substrings, `,,` stands for a literal comma.
-fn parse_filters(s: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut chars = s.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (c, chars.peek()) {
-            (',', Some(',')) => {
-                cur.push(',');
-                chars.next();
-            }
-            (',', _) => out.push(std::mem::take(&mut cur)),
-            _ => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out.retain(|f| !f.is_empty());
-    out
-}
-
-fn parse_ranks_filter(s: &str) -> Result<Option<BTreeSet<u32>>, ConfigError> {
-    if s.trim().is_empty() {
-        return Ok(None);
-    }
-    s.split(',')
-        .map(|r| r.trim().parse::<u32>())
-        .collect::<Result<BTreeSet<_>, _>>()
-        .map(Some)
-        .map_err(|_| bad(format!("invalid value '{s}' for '--local-ranks-filter': use comma-separated local ranks like 0,2")))
-}
-
-pub fn parse_signals(s: &str) -> Result<Vec<Signal>, ConfigError> {
-    let valid = || HANDLEABLE_SIGNALS.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ");
-    s.split(',')
-        .map(str::trim)
-        .filter(|n| !n.is_empty())
-        .map(|name| {
-            let full = if name.starts_with("SIG") { name.to_string() } else { format!("SIG{name}") };
-            HANDLEABLE_SIGNALS
-                .iter()
-                .copied()
-                .find(|sig| sig.as_str() == full)
-                .ok_or_else(|| bad(format!("invalid signal '{name}' in '--signals-to-handle': use {}", valid())))
-        })
-        .collect()
-}
-
-/// Looks a program up the way execvp would: a name with a slash is a path, otherwise each `$PATH` entry.
-pub fn find_program(name: &str, path_var: Option<&str>) -> Option<PathBuf> {
-    if name.contains('/') {
-        let p = PathBuf::from(name);
-        return is_executable(&p).then_some(p);
-    }
-    path_var?
-        .split(':')
-        .filter(|d| !d.is_empty())
-        .map(|d| Path::new(d).join(name))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
-}
-
-/// `--run-path`: runpy in the worker itself, wrapped by torch's `@record` when torch is importable so the
-/// error file is written as torchrun's function entrypoint does.
-const RUN_PATH_BOOTSTRAP: &str = "import runpy, sys\n\
-sys.argv = sys.argv[1:]\n\
-run = lambda: runpy.run_path(sys.argv[0], run_name='__main__')\n\
-try:\n    from torch.distributed.elastic.multiprocessing.errors import record\n    run = record(run)\n\
-except ImportError:\n    pass\n\
-run()\n";
-
-/// `--warm-spares MODULES`: dotted Python module names, for a Python entrypoint.
-fn warm_spares(cli: &Cli) -> Result<Option<crate::supervisor::spare::WarmConfig>, ConfigError> {
-    let Some(text) = cli.warm_spares.as_deref().filter(|t| !t.trim().is_empty()) else { return Ok(None) };
-    if cli.no_python && !cli.run_path {
-        return Err(bad("'--warm-spares' needs a Python entrypoint: with '--no-python' muster runs the program itself"));
-    }
-    let is_identifier = |p: &str| {
-        p.chars().next().is_some_and(|c| c == '_' || c.is_alphabetic()) && p.chars().all(|c| c == '_' || c.is_alphanumeric())
-    };
-    let modules: Vec<String> = text.split(',').map(|m| m.trim().to_string()).collect();
-    if let Some(m) = modules.iter().find(|m| !m.split('.').all(is_identifier)) {
-        return Err(bad(format!(
-            "'--warm-spares {text}': '{m}' is not a Python module name; give names like torch,torch.distributed"
-        )));
-    }
-    Ok(Some(crate::supervisor::spare::WarmConfig { modules, delay: Duration::from_secs_f64(cli.warm_spares_delay) }))
-}
-
-fn entrypoint(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {
-    let Some((script, script_args)) = cli.command.split_first() else {
-        return Err(bad("the training script is missing: muster [OPTIONS] SCRIPT [ARGS]..."));
-    };
-    if cli.module && cli.no_python && !cli.run_path {
-        return Err(bad("'-m/--module' cannot be used with '--no-python': a module needs the Python interpreter"));
-    }
-    let path_var = (host.env)("PATH");
-    if cli.no_python && !cli.run_path {
-        let program = find_program(script, path_var.as_deref()).ok_or_else(|| {
-            bad(format!(
-                "'--no-python': '{script}' is not an executable file{}; give a path to an executable or a \
-                 program on PATH",
-                if script.contains('/') { "" } else { " on PATH" }
-            ))
-        })?;
-        return Ok(Entrypoint {
-            program,
-            args: script_args.to_vec(),
-            script_args: script_args.to_vec(),
-            name: script.clone(),
-        });
-    }
-    let python_exec = (host.env)("PYTHON_EXEC").filter(|p| !p.is_empty());
-    let program = match &python_exec {
-        Some(p) => find_program(p, path_var.as_deref())
-            .ok_or_else(|| bad(format!("PYTHON_EXEC='{p}' is not an executable file")))?,
-        None => ["python3", "python"]
-            .iter()
-            .find_map(|p| find_program(p, path_var.as_deref()))
-            .ok_or_else(|| bad("no Python interpreter found: put python3 on PATH or set PYTHON_EXEC"))?,
-    };
-    if !cli.module && !Path::new(script).is_file() {
-        return Err(bad(format!("training script '{script}' does not exist or is not a file")));
-    }
-    let mut args = vec!["-u".to_string()];
-    if cli.run_path {
-        args.extend(["-c".to_string(), RUN_PATH_BOOTSTRAP.to_string()]);
-    } else if cli.module {
-        args.push("-m".to_string());
-    }
-    args.push(script.clone());
-    args.extend(script_args.iter().cloned());
-    // torchrun names the interpreter itself when it is not the one torchrun runs under.
-    let name = python_exec.unwrap_or_else(|| script.clone());
-    Ok(Entrypoint { program, args, script_args: script_args.to_vec(), name })
-}
-
 impl LaunchConfig {
     pub fn from_cli(cli: &Cli, host: &Host) -> Result<LaunchConfig, ConfigError> {
         let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
-        let nproc_per_node = parse_nproc(&cli.nproc_per_node, host)?;
+        let nproc_per_node = parse::parse_nproc(&cli.nproc_per_node, host)?;
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
         let signals = parse_signals(&cli.signals_to_handle)?;
-        let entrypoint = entrypoint(cli, host)?;
+        let entrypoint = entrypoint::resolve(cli, host)?;
 
         if let Some(specs) = cli.logs_specs.as_deref().filter(|s| *s != "default") {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
 
         let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
+        let logs = LogConfig::from_cli(cli, host)?;
 
         let shutdown_timeout = match cli.shutdown_timeout {
             Some(s) => s,
@@ -434,22 +136,6 @@ impl LaunchConfig {
             },
         };
 
-        let logs = LogConfig {
-            log_dir: cli.log_dir.as_deref().filter(|d| !d.is_empty()).map(PathBuf::from),
-            redirects: StdSpec::parse("--redirects", &cli.redirects)?,
-            tee: StdSpec::parse("--tee", &cli.tee)?,
-            prefix_template: cli
-                .log_line_prefix_template
-                .clone()
-                .or_else(|| (host.env)("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"))
-                .filter(|t| !t.is_empty()),
-            local_ranks_filter: parse_ranks_filter(&cli.local_ranks_filter)?,
-            duplicate_stdout_filters: parse_filters(&cli.duplicate_stdout_filters),
-            duplicate_stderr_filters: parse_filters(&cli.duplicate_stderr_filters),
-        };
-        if let Some(dir) = logs.log_dir.as_deref().filter(|_| !logs.files_disabled()) {
-            prepare_log_dir(dir)?;
-        }
 
         Ok(LaunchConfig {
             min_nodes,
@@ -477,7 +163,7 @@ impl LaunchConfig {
             numa_binding: cli.numa_binding.clone(),
             gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
-            warm_spares: warm_spares(cli)?,
+            warm_spares: entrypoint::warm_spares(cli)?,
         })
     }
 }
@@ -499,39 +185,6 @@ mod tests {
         let argv: Vec<String> = std::iter::once("muster").chain(args.iter().copied()).map(String::from).collect();
         let cli = crate::cli::parse(&argv).unwrap();
         LaunchConfig::from_cli(&cli, &host)
-    }
-
-    #[test]
-    fn nnodes_forms() {
-        assert_eq!(parse_nnodes("2").unwrap(), (2, 2));
-        assert_eq!(parse_nnodes("1:4").unwrap(), (1, 4));
-        for bad in ["0", "3:2", "a", "1:2:3", "", "0:1"] {
-            assert!(parse_nnodes(bad).unwrap_err().to_string().contains("--nnodes"), "{bad}");
-        }
-    }
-
-    #[test]
-    fn std_specs_follow_torchrun() {
-        assert_eq!(StdSpec::parse("-r", "3").unwrap(), StdSpec::All(Std { out: true, err: true }));
-        let m = StdSpec::parse("-t", "0:1,1:2").unwrap();
-        assert_eq!(m.for_rank(0), Std { out: true, err: false });
-        assert_eq!(m.for_rank(1), Std { out: false, err: true });
-        assert_eq!(m.for_rank(2), Std::default());
-        for bad in ["4", "10:1", "0:4", "0:1,", "x"] {
-            assert!(StdSpec::parse("-t", bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn filters_unescape_double_commas() {
-        assert_eq!(parse_filters("a,b,,c,"), ["a", "b,c"]);
-        assert!(parse_filters("").is_empty());
-    }
-
-    #[test]
-    fn signals_are_validated() {
-        assert_eq!(parse_signals("SIGTERM, USR1").unwrap(), [Signal::SIGTERM, Signal::SIGUSR1]);
-        assert!(parse_signals("SIGKILL").unwrap_err().to_string().contains("SIGUSR2"));
     }
 
     #[test]
