@@ -13,18 +13,8 @@ use muster::supervisor::{failure, reaper::OrphanGuard};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("store") {
-        return ExitCode::from(u8::try_from(muster::store::store_main(&args[2..])).unwrap_or(1));
-    }
-    if args.get(1).map(String::as_str) == Some("bench") {
-        return ExitCode::from(u8::try_from(muster::bench::bench_main(&args[2..])).unwrap_or(1));
-    }
-    if args.get(1).map(String::as_str) == Some("doctor") {
-        muster::telemetry::init();
-        return ExitCode::from(u8::try_from(muster::doctor::doctor_main(&args[2..])).unwrap_or(1));
-    }
-    if args.get(1).map(String::as_str) == Some("plan") {
-        return ExitCode::from(u8::try_from(muster::plan::plan_main(&args[2..])).unwrap_or(1));
+    if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     let cli = match cli::parse(&args) {
         Ok(cli) => cli,

@@ -54,7 +54,8 @@ fn port(s: &str) -> Result<u16, String> {
     name = "muster",
     version,
     about = "Per-node launcher for PyTorch distributed training: a drop-in for torchrun that stays up.",
-    after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor.\n\
+    after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor, \
+                  muster bench.\n\
                   Exit codes: 0 success, 1 workers failed, 2 bad input, 128+N when stopped by signal N."
 )]
 #[command(args_override_self = true, disable_help_subcommand = true)]
