@@ -1,7 +1,9 @@
 //! The tool subcommands, `muster NAME ARGS...`: reserved words, never taken as a training script.
 
-/// Each tool's name and entry (its arguments after NAME, its exit code).
-const TOOLS: &[(&str, fn(&[String]) -> i32)] = &[
+/// A tool's entry: its arguments after NAME in, its exit code out.
+type Tool = fn(&[String]) -> i32;
+
+const TOOLS: &[(&str, Tool)] = &[
     ("store", crate::store::store_main),
     ("bench", crate::bench::bench_main),
     ("doctor", doctor),
