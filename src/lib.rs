@@ -16,3 +16,4 @@ pub mod store;
 pub mod supervisor;
 pub mod telemetry;
 pub mod template;
+pub mod tools;

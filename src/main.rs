@@ -6,28 +6,17 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
 use muster::agent::{self, Outcome};
-use muster::cli::{self, Cli};
+use muster::cli;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::{failure, reaper::OrphanGuard};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
-    if args.get(1).map(String::as_str) == Some("store") {
-        return ExitCode::from(u8::try_from(muster::store::store_main(&args[2..])).unwrap_or(1));
+    if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    if args.get(1).map(String::as_str) == Some("bench") {
-        return ExitCode::from(u8::try_from(muster::bench::bench_main(&args[2..])).unwrap_or(1));
-    }
-    if args.get(1).map(String::as_str) == Some("doctor") {
-        muster::telemetry::init();
-        return ExitCode::from(u8::try_from(muster::doctor::doctor_main(&args[2..])).unwrap_or(1));
-    }
-    if args.get(1).map(String::as_str) == Some("plan") {
-        return ExitCode::from(u8::try_from(muster::plan::plan_main(&args[2..])).unwrap_or(1));
-    }
-    let cli = match Cli::try_parse_from(&args) {
+    let cli = match cli::parse(&args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print();

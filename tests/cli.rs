@@ -16,6 +16,8 @@ fn bad_input_table() {
     std::fs::write(&not_exec, "#!/bin/sh\ntouch started\n").unwrap();
     let script = script.to_str().unwrap();
     let not_exec = not_exec.to_str().unwrap();
+    let a_file = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
+    let under_a_file = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml/logs");
     let cases: &[(&[&str], &str)] = &[
         (&["--nnodes", "0", script], "--nnodes"),
         (&["--nnodes", "3:2", script], "--nnodes"),
@@ -25,6 +27,7 @@ fn bad_input_table() {
         (&["--standalone", "/nonexistent/train.py"], "/nonexistent/train.py"),
         (&["--no-python", not_exec], "--no-python"),
         (&["--rdzv-conf", "foo", script], "--rdzv-conf"),
+        (&["--rdzv-conf", "join_timeout=soon", script], "join_timeout=soon"),
         (&["--max-restarts", "-1", script], "--max-restarts"),
         (&["--monitor-interval", "0", script], "--monitor-interval"),
         (&["-m", "--no-python", script], "--no-python"),
@@ -34,16 +37,39 @@ fn bad_input_table() {
         (&["--no-python", "--warm-spares", "torch", "/bin/true"], "--warm-spares"),
         (&["--warm-spares", "torch,os;rm", script], "--warm-spares"),
         (&["--warm-spares", "torch", "--warm-spares-delay", "-1", script], "--warm-spares-delay"),
+        // argparse's reading of the launcher's own arguments
+        (&["--frobnicate", script], "unrecognized arguments: --frobnicate"),
+        (&["--frobnicate=3", script], "unrecognized arguments: --frobnicate=3"),
+        (&["--r", script], "--r could match --rdzv-backend, --rdzv_backend, --rdzv-endpoint"),
+        (&["--nproc", "2", script], "--nproc could match --nproc-per-node, --nproc_per_node"),
+        (&["--rdzv-id", "--standalone", script], "--rdzv-id"),
+        (&["--standalone=1", script], "--standalone"),
+        // a repeated option takes the last value, and that one is checked
+        (&["--nproc-per-node", "2", "--nproc-per-node", "0", script], "--nproc-per-node"),
+        // values only the file system or the rendezvous can refuse, refused before anything starts
+        (&["--log-dir", a_file, script], "--log-dir"),
+        (&["--log-dir", under_a_file, script], "--log-dir"),
+        (&["--log-dir", "/proc/muster-log-dir", script], "--log-dir"),
+        (&["--rdzv-endpoint", ":", script], "--rdzv-endpoint"),
+        (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", script], "[::1:31005"),
+        (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "host:99999", script], "--rdzv-endpoint"),
     ];
     for (args, flag) in cases {
-        // No NVML library can be found: `gpu` must fail whatever this machine has.
-        let out = run(muster().args(*args).env("MUSTER_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"), Duration::from_secs(30));
-        let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", out.stderr);
-        assert_eq!(lines.len(), 1, "{args:?}: expected one line, got {lines:?}");
-        assert!(lines[0].contains(flag), "{args:?}: {:?} does not name {flag}", lines[0]);
-        assert!(!marker.exists(), "{args:?}: a worker was started");
+        assert_bad_input(muster().args(*args), &format!("{args:?}"), flag, &marker);
     }
+    assert_bad_input(muster().env("PET_RDZV_ENDPOINT", ":").arg(script), "PET_RDZV_ENDPOINT=:", "--rdzv-endpoint", &marker);
+    assert_bad_input(muster().env("PET_LOG_DIR", under_a_file).arg(script), "PET_LOG_DIR", "--log-dir", &marker);
+}
+
+/// Exit 2, one line on stderr naming `flag`, and no worker started.
+fn assert_bad_input(cmd: &mut std::process::Command, what: &str, flag: &str, marker: &std::path::Path) {
+    // No NVML library can be found: `gpu` must fail whatever this machine has.
+    let out = run(cmd.env("MUSTER_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1"), Duration::from_secs(30));
+    let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(out.status.code(), Some(2), "{what}: {}", out.stderr);
+    assert_eq!(lines.len(), 1, "{what}: expected one line, got {lines:?}");
+    assert!(lines[0].contains(flag), "{what}: {:?} does not name {flag}", lines[0]);
+    assert!(!marker.exists(), "{what}: a worker was started");
 }
 
 #[test]

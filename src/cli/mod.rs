@@ -1,11 +1,16 @@
 //! torchrun-compatible command line.
 //!
 //! Every torchrun 2.15 option is here, in torchrun's declaration order, with both the dash and the underscore
-//! spelling and the `PET_<DEST>` environment fallback (the command line wins). Everything after the script is
-//! passed to the script untouched. Values are parsed here into simple types; checks that involve several
-//! flags, the file system or the host live in `config.rs`.
+//! spelling and the `PET_<DEST>` environment fallback (the command line wins). The arguments are read the
+//! argparse way first (`argv.rs`: prefixes, repeated options, unknown options, `--`); everything after the
+//! script is passed to the script untouched. Values are parsed here into simple types; checks that involve
+//! several flags, the file system or the host live in `config/`.
 
-use clap::{ArgAction, Parser};
+use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
+
+mod argv;
+
+pub use argv::ArgvError;
 
 /// Flags that torchrun reads as `bool(int(os.environ["PET_X"]))`: `1` enables, `0` disables. clap itself
 /// passes `true`/`false` for a flag given or absent on the command line; anything else is an error.
@@ -49,10 +54,11 @@ fn port(s: &str) -> Result<u16, String> {
     name = "muster",
     version,
     about = "Per-node launcher for PyTorch distributed training: a drop-in for torchrun that stays up.",
-    after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor.\n\
+    after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor, \
+                  muster bench.\n\
                   Exit codes: 0 success, 1 workers failed, 2 bad input, 128+N when stopped by signal N."
 )]
-#[command(infer_long_args = true, disable_help_subcommand = true)]
+#[command(args_override_self = true, disable_help_subcommand = true)]
 pub struct Cli {
     /// Number of nodes: N, or MIN:MAX for an elastic job.
     #[arg(long, env = "PET_NNODES", default_value = "1:1")]
@@ -239,6 +245,18 @@ pub struct Cli {
     pub command: Vec<String>,
 }
 
+/// The launcher's command line (`args[0]` is the program name), read as torchrun's argparse reads it: a
+/// repeated option takes its last value, an unknown or ambiguous option is an error naming it.
+pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
+    let mut cmd = Cli::command();
+    cmd.build();
+    let (program, rest) = args.split_first().map_or(("muster", &[][..]), |(p, r)| (p.as_str(), r));
+    let normalized =
+        argv::normalize(&cmd, rest).map_err(|e| cmd.error(clap::error::ErrorKind::UnknownArgument, e))?;
+    let matches = cmd.try_get_matches_from(std::iter::once(program.to_string()).chain(normalized))?;
+    Cli::from_arg_matches(&matches)
+}
+
 /// Parses the arguments of a tool subcommand (`muster NAME ARGS...`, `args` after NAME): the arguments, or
 /// the exit code once clap has printed the help or version (0) or the one-line error (2).
 pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32> {
@@ -256,7 +274,6 @@ pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32
 /// `--print-completion SHELL`: the completion script for muster's command line (torchrun prints shtab's and
 /// exits the same way, before looking at anything else).
 pub fn completion_script(shell: &str) -> String {
-    use clap::CommandFactory;
     let mut cmd = Cli::command();
     let shell = match shell {
         "zsh" => clap_complete::Shell::Zsh,
@@ -291,10 +308,9 @@ pub fn one_line(err: &clap::Error) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("muster").chain(args.iter().copied()))
+        super::parse(&std::iter::once("muster").chain(args.iter().copied()).map(String::from).collect::<Vec<_>>())
     }
 
     #[test]
@@ -323,6 +339,42 @@ mod tests {
         let c = parse(&["--stand", "--nnod", "2", "x.py"]).unwrap();
         assert!(c.standalone);
         assert_eq!(c.nnodes, "2");
+    }
+
+    #[test]
+    fn a_repeated_option_takes_the_last_value() {
+        let c = parse(&[
+            "--nproc-per-node", "2", "--nproc_per_node=3", "--standalone", "--standalone", "-r", "1", "--redirects=2",
+            "--max-restarts=1", "--max_restarts", "4", "x.py",
+        ])
+        .unwrap();
+        assert_eq!((c.nproc_per_node.as_str(), c.redirects.as_str(), c.max_restarts), ("3", "2", 4));
+        assert!(c.standalone);
+    }
+
+    #[test]
+    fn the_script_gets_its_arguments_after_argparse_double_dash_rule() {
+        assert_eq!(parse(&["x.py", "--", "--", "a"]).unwrap().command, ["x.py", "--", "a"]);
+        assert_eq!(parse(&["-m", "pkg.mod", "--", "--depth=24"]).unwrap().command, ["pkg.mod", "--depth=24"]);
+        assert_eq!(parse(&["--", "x.py", "--", "a"]).unwrap().command, ["x.py", "--", "a"]);
+    }
+
+    #[test]
+    fn help_and_version_are_reached_by_prefix_too() {
+        for (args, kind) in [
+            (&["--help"][..], clap::error::ErrorKind::DisplayHelp),
+            (&["--he"][..], clap::error::ErrorKind::DisplayHelp),
+            (&["-h", "x.py"][..], clap::error::ErrorKind::DisplayHelp),
+            (&["--version"][..], clap::error::ErrorKind::DisplayVersion),
+        ] {
+            assert_eq!(parse(args).unwrap_err().kind(), kind, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn launcher_errors_are_one_line() {
+        let line = one_line(&parse(&["--frobnicate", "x.py"]).unwrap_err());
+        assert!(line.starts_with("unrecognized arguments: --frobnicate"), "{line}");
     }
 
     #[test]

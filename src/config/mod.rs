@@ -1,0 +1,247 @@
+//! The validated launch configuration: everything the agent needs, checked once, before anything starts.
+//!
+//! Pure apart from lookups passed in or done at the edge (environment variables, the file system for the script
+//! and `--log-dir`, NVML for `--nproc-per-node gpu|auto`), so every rule here is unit-tested. Each error names the flag
+//! or value and what would be valid; the binary prints it as one line and exits 2 without starting a worker.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use crate::cli::Cli;
+
+mod entrypoint;
+mod logs;
+mod parse;
+mod rdzv;
+
+pub use entrypoint::{find_program, Entrypoint};
+pub use logs::{LogConfig, Std, StdSpec};
+pub use parse::{parse_nnodes, parse_signals};
+pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(String);
+
+fn bad(msg: impl Into<String>) -> ConfigError {
+    ConfigError(msg.into())
+}
+
+#[derive(Debug, Clone)]
+pub struct LaunchConfig {
+    pub min_nodes: u32,
+    pub max_nodes: u32,
+    pub nproc_per_node: u32,
+    /// The backend name as torchrun would report it (after standalone resolution).
+    pub rdzv_backend: String,
+    pub rendezvous: Rendezvous,
+    /// This node's address: its rendezvous id and, on group rank 0, the workers' MASTER_ADDR.
+    pub local_addr: String,
+    /// `--nproc-per-node` as given (part of the launch fingerprint).
+    pub nproc_spec: String,
+    pub run_id: String,
+    /// `--rdzv-conf`, typed.
+    pub rdzv: RdzvConf,
+    pub node_rank: u32,
+    pub max_restarts: u32,
+    pub role: String,
+    pub entrypoint: Entrypoint,
+    pub logs: LogConfig,
+    pub signals: Vec<Signal>,
+    /// The original `--signals-to-handle` text, exported to workers as torchrun does.
+    pub signals_text: String,
+    pub shutdown_timeout: Duration,
+    pub virtual_local_rank: bool,
+    pub event_log_console: bool,
+    /// What each GPU fault does.
+    pub gpu_policy: crate::gpu::xid::Policy,
+    /// `--numa-binding` mode (torch's names).
+    pub numa_binding: Option<String>,
+    /// `--gpus`: the GPUs to use.
+    pub gpus: Option<String>,
+    /// The user's hook for a drained node.
+    pub on_node_fault: Option<String>,
+    pub gpu_wait_timeout: Duration,
+    /// `--warm-spares`: None when off.
+    pub warm_spares: Option<crate::supervisor::spare::WarmConfig>,
+}
+
+impl LaunchConfig {
+    /// Whether the user asked for GPU placement explicitly (then an impossible one is an error; otherwise a
+    /// job with more workers than GPUs, e.g. a CPU job on a GPU node, simply runs without placement).
+    pub fn wants_gpu_placement(&self) -> bool {
+        self.gpus.is_some() || self.numa_binding.is_some() || matches!(self.nproc_spec.as_str(), "gpu" | "auto")
+    }
+
+    /// The GPU placement for `excluded` GPUs (None: no NVML, no GPU, or not applicable to this job).
+    pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
+        let plan = crate::plan::placement_for(
+            nproc,
+            self.numa_binding.as_deref(),
+            self.gpus.as_deref(),
+            excluded,
+            self.virtual_local_rank,
+        );
+        match plan {
+            Ok(None) if self.numa_binding.is_some() || self.gpus.is_some() => Err(bad(
+                "'--numa-binding' and '--gpus' need NVIDIA GPUs, and NVML reports none on this node",
+            )),
+            Ok(plan) => Ok(plan),
+            Err(e) if self.wants_gpu_placement() => Err(bad(e)),
+            Err(e) => {
+                tracing::info!("no GPU placement for this job: {e}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Where agent events go (`--event-log-handler`).
+    pub fn events(&self) -> crate::telemetry::Events {
+        crate::telemetry::Events { console: self.event_log_console }
+    }
+}
+
+/// The outside world `LaunchConfig::from_cli` consults, injectable for tests.
+pub struct Host<'a> {
+    pub env: &'a dyn Fn(&str) -> Option<String>,
+    pub gpu_count: &'a dyn Fn() -> Result<u32, String>,
+    pub cpu_count: usize,
+    pub fqdn: &'a dyn Fn() -> String,
+}
+
+impl LaunchConfig {
+    pub fn from_cli(cli: &Cli, host: &Host) -> Result<LaunchConfig, ConfigError> {
+        let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
+        let nproc_per_node = parse::parse_nproc(&cli.nproc_per_node, host)?;
+        let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
+        let signals = parse_signals(&cli.signals_to_handle)?;
+        let entrypoint = entrypoint::resolve(cli, host)?;
+
+        if let Some(specs) = cli.logs_specs.as_deref().filter(|s| *s != "default") {
+            return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
+        }
+
+        let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
+        let logs = LogConfig::from_cli(cli, host)?;
+
+        let shutdown_timeout = match cli.shutdown_timeout {
+            Some(s) => s,
+            None => match (host.env)("TORCH_ELASTIC_SHUTDOWN_TIMEOUT") {
+                Some(v) => v.trim().parse::<u32>().map_err(|_| {
+                    bad(format!("TORCH_ELASTIC_SHUTDOWN_TIMEOUT='{v}': must be an integer number of seconds >= 0"))
+                })?,
+                None => 30,
+            },
+        };
+
+
+        Ok(LaunchConfig {
+            min_nodes,
+            max_nodes,
+            nproc_per_node,
+            rdzv_backend,
+            rendezvous,
+            local_addr: cli.local_addr.clone().unwrap_or_else(|| (host.fqdn)()),
+            nproc_spec: cli.nproc_per_node.trim().to_string(),
+            run_id,
+            rdzv,
+            node_rank: cli.node_rank,
+            max_restarts: cli.max_restarts,
+            role: cli.role.clone(),
+            entrypoint,
+            logs,
+            signals,
+            signals_text: cli.signals_to_handle.clone(),
+            shutdown_timeout: Duration::from_secs(u64::from(shutdown_timeout)),
+            virtual_local_rank: cli.virtual_local_rank,
+            event_log_console: cli.event_log_handler == "console",
+            gpu_policy: crate::gpu::xid::Policy::parse(&cli.on_gpu_fault, &cli.xid_policy)
+                .map_err(|e| bad(e.to_string()))?,
+            on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),
+            numa_binding: cli.numa_binding.clone(),
+            gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
+            gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
+            warm_spares: entrypoint::warm_spares(cli)?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host_env(vars: &'static [(&'static str, &'static str)]) -> impl Fn(&str) -> Option<String> {
+        move |k: &str| match k {
+            "PATH" => std::env::var("PATH").ok(),
+            _ => vars.iter().find(|(n, _)| *n == k).map(|(_, v)| v.to_string()),
+        }
+    }
+
+    fn config(args: &[&str]) -> Result<LaunchConfig, ConfigError> {
+        let env = host_env(&[]);
+        let host = Host { env: &env, gpu_count: &|| Err("no driver".into()), cpu_count: 4, fqdn: &|| "node0".into() };
+        let argv: Vec<String> = std::iter::once("muster").chain(args.iter().copied()).map(String::from).collect();
+        let cli = crate::cli::parse(&argv).unwrap();
+        LaunchConfig::from_cli(&cli, &host)
+    }
+
+    #[test]
+    fn plain_single_node_is_implicit_standalone() {
+        // Any existing file will do as the "script": python mode only checks that it is a file.
+        let c = config(&["--nproc-per-node", "2", "/bin/true"]).unwrap();
+        assert_eq!(c.rdzv_backend, "c10d");
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "localhost".into(), port: 0, is_host: Some(true) });
+        assert_eq!(c.local_addr, "node0");
+        assert_eq!(c.run_id.len(), 36);
+        assert_eq!(c.entrypoint.args[..2], ["-u".to_string(), "/bin/true".to_string()]);
+    }
+
+    #[test]
+    fn master_port_keeps_static() {
+        let c = config(&["--master-port", "1234", "--no-python", "true"]).unwrap();
+        assert_eq!(c.rendezvous, Rendezvous::Static { master_addr: "127.0.0.1".into(), master_port: 1234 });
+        assert_eq!(c.run_id, "none");
+        assert_eq!(c.entrypoint.name, "true");
+    }
+
+    #[test]
+    fn bad_inputs_name_the_flag() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["--nproc-per-node", "0", "x"], "--nproc-per-node"),
+            (&["--nproc-per-node", "gpu", "x"], "--nproc-per-node gpu"),
+            (&["-m", "--no-python", "x"], "--no-python"),
+            (&["--no-python", concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml")], "--no-python"),
+            (&["/nonexistent/train.py"], "/nonexistent/train.py"),
+            (&["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "/bin/true"], "--node-rank"),
+            (&["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "/bin/true"], "is_host"),
+            (&["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "/bin/true"], "etcd"),
+            (&["--rdzv-endpoint", ":", "/bin/true"], "--rdzv-endpoint"),
+            (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
+            (&[], "script is missing"),
+        ];
+        for (args, needle) in cases {
+            let e = config(args).unwrap_err().to_string();
+            assert!(e.contains(needle), "{args:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn rdzv_conf_reaches_the_config_typed() {
+        let c = config(&[
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:31005", "--rdzv-conf", "is_host=0,join_timeout=5",
+            "/bin/true",
+        ])
+        .unwrap();
+        assert_eq!(c.rdzv.join_timeout, Duration::from_secs(5));
+        assert_eq!(c.rdzv.read_timeout, Duration::from_secs(60));
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "::1".into(), port: 31005, is_host: Some(false) });
+    }
+
+    #[test]
+    fn nproc_auto_falls_back_to_cpus() {
+        let c = config(&["--nproc-per-node", "auto", "--no-python", "true"]).unwrap();
+        assert_eq!(c.nproc_per_node, 4);
+    }
+}
