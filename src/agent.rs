@@ -25,7 +25,8 @@ use crate::supervisor::failure::ProcessFailure;
 use crate::supervisor::logs::{LogError, RunLogs};
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
-use crate::supervisor::{GroupOutcome, GroupSpec, Placement, SupervisorError, WorkerGroup};
+use crate::supervisor::hook::run_hook;
+use crate::supervisor::{GroupSpec, Placement, SupervisorError, Watch, WorkerGroup};
 use crate::telemetry::Events;
 
 #[derive(Debug, thiserror::Error)]
@@ -44,6 +45,17 @@ pub enum AgentError {
     Logs(#[from] LogError),
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+}
+
+/// How a worker group ended.
+enum GroupOutcome<M> {
+    Succeeded,
+    /// Failures in detection order (the root cause is chosen by timestamp).
+    Failed(Vec<ProcessFailure>),
+    /// A signal the agent handles arrived; it was forwarded and the group is stopped.
+    Interrupted(Signal),
+    /// The membership changed (a peer was lost, nodes joined, the job closed): the group is stopped.
+    Changed(M),
 }
 
 /// What ended a running group besides its workers and signals.
@@ -125,24 +137,18 @@ const HOOK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Runs the user's `--on-node-fault` command with the fault in its environment (bounded, never fatal).
 async fn run_node_fault_hook(cfg: &LaunchConfig, fault: &Fault) {
     let Some(cmd) = &cfg.on_node_fault else { return };
-    let mut hook = tokio::process::Command::new("sh");
-    hook.arg("-c")
-        .arg(cmd)
-        .env("MUSTER_FAULT_KIND", fault.kind.to_string())
-        .env("MUSTER_FAULT_XID", fault.kind.xid().map(|x| x.to_string()).unwrap_or_default())
-        .env("MUSTER_FAULT_ACTION", fault.action.as_str())
-        .env("MUSTER_FAULT_GPU_INDEX", fault.gpu.index.to_string())
-        .env("MUSTER_FAULT_GPU_UUID", &fault.gpu.uuid)
-        .env("MUSTER_FAULT_GPU_PCI_BUS_ID", &fault.gpu.pci_bus_id)
-        .env("MUSTER_FAULT_HOSTNAME", crate::host::hostname())
-        .env("MUSTER_RUN_ID", &cfg.run_id)
-        .kill_on_drop(true);
-    match tokio::time::timeout(HOOK_TIMEOUT, hook.status()).await {
-        Ok(Ok(status)) if status.success() => tracing::info!("--on-node-fault hook ran"),
-        Ok(Ok(status)) => tracing::warn!("--on-node-fault hook failed: {status}"),
-        Ok(Err(e)) => tracing::warn!("cannot run the --on-node-fault hook: {e}"),
-        Err(_) => tracing::warn!("--on-node-fault hook did not finish within {HOOK_TIMEOUT:?}; killed"),
-    }
+    let env = [
+        ("MUSTER_FAULT_KIND", fault.kind.to_string()),
+        ("MUSTER_FAULT_XID", fault.kind.xid().map(|x| x.to_string()).unwrap_or_default()),
+        ("MUSTER_FAULT_ACTION", fault.action.as_str().to_string()),
+        ("MUSTER_FAULT_GPU_INDEX", fault.gpu.index.to_string()),
+        ("MUSTER_FAULT_GPU_UUID", fault.gpu.uuid.clone()),
+        ("MUSTER_FAULT_GPU_PCI_BUS_ID", fault.gpu.pci_bus_id.clone()),
+        ("MUSTER_FAULT_HOSTNAME", crate::host::hostname()),
+        ("MUSTER_RUN_ID", cfg.run_id.clone()),
+    ];
+    let env: Vec<(String, String)> = env.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+    run_hook(cmd, &env, HOOK_TIMEOUT).await;
 }
 
 /// How the agent ended.
@@ -504,6 +510,8 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                     "world_size": spec.world_size }),
         );
         let attempt = logs.attempt(restart_count, nproc)?;
+        // A single node with no restarts left never starts its group again; peers can always change.
+        spares.set_next_start_possible(restart_count < cfg.max_restarts || cfg.max_nodes > 1);
         let started =
             WorkerGroup::start(&spec, &cfg.entrypoint, &attempt, logs.config(), &hostname, guard.clone(), &mut spares);
         let mut group = match started {
@@ -527,9 +535,26 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
                 }
             }
         };
-        // A single node with no restarts left never starts its group again; peers can always change.
-        spares.set_next_start_possible(restart_count < cfg.max_restarts || cfg.max_nodes > 1);
-        let outcome = group.wait(&mut signals, change, cfg.shutdown_timeout, &mut spares).await;
+        let grace = cfg.shutdown_timeout;
+        let outcome = tokio::select! {
+            watched = group.watch(&mut spares) => match watched {
+                Watch::Succeeded => GroupOutcome::Succeeded,
+                Watch::Failed(first) => {
+                    let mut failures = vec![first];
+                    failures.extend(group.stop(Signal::SIGTERM, grace).await);
+                    GroupOutcome::Failed(failures)
+                }
+            },
+            Some(sig) = signals.recv() => {
+                tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
+                group.stop(sig, grace).await;
+                GroupOutcome::Interrupted(sig)
+            }
+            change = change => {
+                group.stop(Signal::SIGTERM, grace).await;
+                GroupOutcome::Changed(change)
+            }
+        };
         match outcome {
             GroupOutcome::Succeeded => {
                 spares.clear();
