@@ -14,9 +14,11 @@
 
 pub mod env;
 pub mod failure;
+pub mod hook;
 pub mod logs;
 pub mod reaper;
 pub mod spare;
+pub mod timer;
 
 use std::collections::HashSet;
 use std::os::fd::AsFd;
@@ -28,6 +30,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::config::Entrypoint;
 use crate::template::safe_substitute;
@@ -39,27 +42,30 @@ use spare::{WarmSpares, WorkerCommand};
 
 /// How long the agent waits for tee pipes to drain after the workers are gone.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// SIGKILL cannot be ignored; this bound only guards against uninterruptible sleep.
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum SupervisorError {
     #[error("cannot start worker local_rank {local_rank} ({program}): {source}")]
     Spawn { local_rank: u32, program: String, source: std::io::Error },
+    #[error("worker local_rank {local_rank} ({program}) exited before its pid could be read; not starting the group")]
+    NoPid { local_rank: u32, program: String },
     #[error(transparent)]
     Logs(#[from] logs::LogError),
+    #[error(transparent)]
+    Timer(#[from] timer::TimerError),
     #[error("{0}")]
     Env(String),
 }
 
-/// How a worker group ended.
+/// What `WorkerGroup::watch` saw.
 #[derive(Debug)]
-pub enum GroupOutcome<M> {
+pub enum Watch {
+    /// Every worker exited 0 and their output is drained.
     Succeeded,
-    /// Failures in detection order (the root cause is chosen by timestamp).
-    Failed(Vec<ProcessFailure>),
-    /// A signal the agent handles arrived; it was forwarded and the group is stopped.
-    Interrupted(Signal),
-    /// The membership changed (a peer was lost, nodes joined, the job closed): the group is stopped.
-    Changed(M),
+    /// The first non-zero exit; the other workers may still run (`stop` them).
+    Failed(ProcessFailure),
 }
 
 #[derive(Debug)]
@@ -88,6 +94,14 @@ pub struct WorkerGroup {
     binary: String,
     /// How each worker was started, for the warm spares of the next start.
     commands: Vec<WorkerCommand>,
+    /// When the warm spares for the next start are due (fixed at start); None once started, or if none will be.
+    spares_due: Option<Instant>,
+    /// Non-zero exits in detection order; the first `reported` of them were returned by `watch` or `stop`.
+    failed: Vec<Exit>,
+    reported: usize,
+    /// Whether the workers' sessions have been swept.
+    swept: bool,
+    timer: Option<timer::FileTimer>,
 }
 
 fn now_secs() -> i64 {
@@ -99,9 +113,21 @@ fn exit_code(status: std::process::ExitStatus) -> i32 {
     status.code().or_else(|| status.signal().map(|s| -s)).unwrap_or(-1)
 }
 
+/// What `start` needs besides the spec, the same for every worker of one start.
+struct StartContext<'a> {
+    spec: &'a GroupSpec,
+    entry: &'a Entrypoint,
+    attempt: &'a AttemptLogs,
+    log_config: &'a crate::config::LogConfig,
+    hostname: &'a str,
+    timer_file: Option<&'a std::path::Path>,
+    exits: &'a mpsc::UnboundedSender<Exit>,
+}
+
 impl WorkerGroup {
     /// Starts `spec.local_world_size` workers, each from a warm spare that fits it when there is one (the
-    /// other spares are killed), else cold. Must be called on the agent's main thread.
+    /// other spares are killed), else cold. Must be called on the agent's main thread. On an error the
+    /// workers already started are killed.
     pub fn start(
         spec: &GroupSpec,
         entry: &Entrypoint,
@@ -120,198 +146,221 @@ impl WorkerGroup {
             guard,
             binary: entry.program.display().to_string(),
             commands: Vec::new(),
+            spares_due: spares.delay().map(|d| Instant::now() + d),
+            failed: Vec::new(),
+            reported: 0,
+            swept: false,
+            timer: None,
         };
         let parent_env = |k: &str| std::env::var(k).ok();
+        let fifo = match timer::timer_file(&parent_env, timer::agent_timer_file) {
+            Some(path) => Some(timer::Fifo::create(&path)?),
+            None => None,
+        };
+        let ctx = StartContext {
+            spec,
+            entry,
+            attempt,
+            log_config,
+            hostname,
+            timer_file: fifo.as_ref().map(timer::Fifo::path),
+            exits: &tx,
+        };
         let mut warm = 0;
         for local_rank in 0..spec.local_world_size {
-            let error_file = attempt.error_file(local_rank);
-            let env = env::worker_env(spec, local_rank, error_file.as_deref(), &parent_env)
-                .map_err(SupervisorError::Env)?;
-            let tag = WorkerTag { role: &spec.role, local_rank, global_rank: spec.global_rank(local_rank), hostname };
-            let plans = [Stream::Out, Stream::Err].map(|s| attempt.plan(log_config, &tag, s));
-            let [out, err] = plans;
-            let (mut out, mut err) = (out?, err?);
-            let args: Vec<String> = entry
-                .args
-                .iter()
-                .map(|a| safe_substitute(a, &[("local_rank", &local_rank.to_string())]))
-                .collect();
-            let placement = spec.placements.get(local_rank as usize).cloned().unwrap_or_default();
-            let cmd = WorkerCommand { program: entry.program.clone(), args, env, placement };
-            let spawn_error = |source| SupervisorError::Spawn {
-                local_rank,
-                program: entry.program.display().to_string(),
-                source,
-            };
-            let out_fd = out.child_fd(Stream::Out).map_err(spawn_error)?;
-            let err_fd = err.child_fd(Stream::Err).map_err(spawn_error)?;
-            // A spare gets the agent's stdin as a cold worker inherits it (or /dev/null when it has none).
-            let stdin = || std::io::stdin().as_fd().try_clone_to_owned().or_else(|_| logs::dev_null()).ok();
-            let from_spare = if spares.is_empty() {
-                None
-            } else {
-                stdin().and_then(|stdin| spares.start(&cmd, [stdin.as_fd(), out_fd.as_fd(), err_fd.as_fd()]))
-            };
-            let mut child = match from_spare {
-                Some(w) => {
-                    warm += 1;
-                    if !w.ready {
-                        tracing::info!(local_rank, "warm spare still importing; the worker continues where it is");
-                    }
-                    w.child
+            match group.start_worker(&ctx, local_rank, spares) {
+                Ok(from_spare) => warm += usize::from(from_spare),
+                Err(e) => {
+                    group.kill_started();
+                    return Err(e);
                 }
-                None => spawn_worker(
-                    &cmd.program,
-                    &cmd.args,
-                    &cmd.env,
-                    &cmd.placement,
-                    Stdio::inherit(),
-                    Stdio::from(out_fd),
-                    Stdio::from(err_fd),
-                )
-                .map_err(spawn_error)?,
-            };
-            group.commands.push(cmd);
-            let pid = child.id().map(|p| p as i32).unwrap_or_default();
-            group.guard.watch(pid);
-            group.pumps.extend([out, err].into_iter().filter_map(StreamPlan::start_pump));
-            let index = group.workers.len();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let code = match child.wait().await {
-                    Ok(status) => exit_code(status),
-                    Err(e) => {
-                        tracing::error!(pid, "cannot wait for worker: {e}");
-                        -1
-                    }
-                };
-                if let Ok(mut own) = OWN_CHILDREN.lock() {
-                    own.retain(|p| *p != pid);
-                }
-                let _ = tx.send(Exit { index, code, at: now_secs() });
-            });
-            tracing::debug!(local_rank, pid, "worker started");
-            group.workers.push(Worker {
-                local_rank,
-                global_rank: spec.global_rank(local_rank),
-                pid,
-                error_file,
-                running: true,
-            });
+            }
         }
         spares.clear();
+        group.timer = fifo.map(|f| f.serve(group.workers.iter().map(|w| w.pid).collect()));
         if warm > 0 {
             tracing::info!("{warm} of {} worker(s) started from warm spares", spec.local_world_size);
         }
         Ok(group)
     }
 
+    /// Starts one worker; returns whether it came from a warm spare.
+    fn start_worker(
+        &mut self,
+        ctx: &StartContext,
+        local_rank: u32,
+        spares: &mut WarmSpares,
+    ) -> Result<bool, SupervisorError> {
+        let (spec, entry) = (ctx.spec, ctx.entry);
+        let error_file = ctx.attempt.error_file(local_rank);
+        let parent_env = |k: &str| std::env::var(k).ok();
+        let mut env =
+            env::worker_env(spec, local_rank, error_file.as_deref(), &parent_env).map_err(SupervisorError::Env)?;
+        if let Some(path) = ctx.timer_file {
+            env.push((timer::FILE_VAR.to_string(), path.display().to_string()));
+        }
+        let global_rank = spec.global_rank(local_rank);
+        let tag = WorkerTag { role: &spec.role, local_rank, global_rank, hostname: ctx.hostname };
+        let [out, err] = [Stream::Out, Stream::Err].map(|s| ctx.attempt.plan(ctx.log_config, &tag, s));
+        let (mut out, mut err) = (out?, err?);
+        let args: Vec<String> =
+            entry.args.iter().map(|a| safe_substitute(a, &[("local_rank", &local_rank.to_string())])).collect();
+        let placement = spec.placements.get(local_rank as usize).cloned().unwrap_or_default();
+        let cmd = WorkerCommand { program: entry.program.clone(), args, env, placement };
+        let program = entry.program.display().to_string();
+        let spawn_error = |source| SupervisorError::Spawn { local_rank, program: program.clone(), source };
+        let out_fd = out.child_fd(Stream::Out).map_err(spawn_error)?;
+        let err_fd = err.child_fd(Stream::Err).map_err(spawn_error)?;
+        // A spare gets the agent's stdin as a cold worker inherits it (or /dev/null when it has none).
+        let stdin = || std::io::stdin().as_fd().try_clone_to_owned().or_else(|_| logs::dev_null()).ok();
+        let from_spare = if spares.is_empty() {
+            None
+        } else {
+            stdin().and_then(|stdin| spares.start(&cmd, [stdin.as_fd(), out_fd.as_fd(), err_fd.as_fd()]))
+        };
+        let warm = from_spare.is_some();
+        let mut child = match from_spare {
+            Some(w) => {
+                if !w.ready {
+                    tracing::info!(local_rank, "warm spare still importing; the worker continues where it is");
+                }
+                w.child
+            }
+            None => {
+                let (stdout, stderr) = (Stdio::from(out_fd), Stdio::from(err_fd));
+                spawn_worker(&cmd.program, &cmd.args, &cmd.env, &cmd.placement, Stdio::inherit(), stdout, stderr)
+                    .map_err(spawn_error)?
+            }
+        };
+        self.commands.push(cmd);
+        // Only a child already reaped has no pid, and pid 0 would make every later killpg hit the agent's group.
+        let pid = child.id().ok_or_else(|| SupervisorError::NoPid { local_rank, program: program.clone() })? as i32;
+        self.guard.watch(pid);
+        self.pumps.extend([out, err].into_iter().filter_map(StreamPlan::start_pump));
+        let index = self.workers.len();
+        let tx = ctx.exits.clone();
+        tokio::spawn(async move {
+            let code = match child.wait().await {
+                Ok(status) => exit_code(status),
+                Err(e) => {
+                    tracing::error!(pid, "cannot wait for worker: {e}");
+                    -1
+                }
+            };
+            if let Ok(mut own) = OWN_CHILDREN.lock() {
+                own.retain(|p| *p != pid);
+            }
+            let _ = tx.send(Exit { index, code, at: now_secs() });
+        });
+        tracing::debug!(local_rank, pid, "worker started");
+        self.workers.push(Worker { local_rank, global_rank, pid, error_file, running: true });
+        Ok(warm)
+    }
+
+    /// A failed start: nothing of it may keep running.
+    fn kill_started(&self) {
+        for w in &self.workers {
+            let _ = killpg(Pid::from_raw(w.pid), Signal::SIGKILL);
+        }
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         self.workers.iter().map(|w| w.pid).collect()
     }
 
-    fn failure(&self, exit: Exit) -> ProcessFailure {
-        let w = &self.workers[exit.index];
-        tracing::warn!(
-            "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-            exit.code,
-            w.local_rank,
-            w.pid,
-            self.binary
-        );
-        ProcessFailure::new(w.local_rank, w.global_rank, w.pid, exit.code, w.error_file.as_deref(), exit.at)
-    }
-
-    fn record(&mut self, exit: Exit) {
-        self.workers[exit.index].running = false;
+    fn record(&mut self, exit: Option<Exit>) {
+        let Some(exit) = exit else {
+            // Every exit task is gone: none can still report, so whoever has not is lost.
+            let lost: Vec<usize> = (0..self.workers.len()).filter(|i| self.workers[*i].running).collect();
+            for index in lost {
+                tracing::error!(pid = self.workers[index].pid, "lost track of worker; counting it as failed");
+                self.record(Some(Exit { index, code: -1, at: now_secs() }));
+            }
+            return;
+        };
+        let w = &mut self.workers[exit.index];
+        w.running = false;
+        if exit.code != 0 {
+            tracing::warn!(
+                "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
+                exit.code,
+                w.local_rank,
+                w.pid,
+                self.binary
+            );
+            self.failed.push(exit);
+        }
     }
 
     fn running(&self) -> usize {
         self.workers.iter().filter(|w| w.running).count()
     }
 
-    /// Waits until the group succeeds, a worker fails, `interrupt` yields a signal or `membership`
-    /// completes; in all but the first case the group is stopped before this returns. Meanwhile, after
-    /// their delay, starts the warm spares for the next start.
-    pub async fn wait<M>(
-        &mut self,
-        interrupt: &mut mpsc::UnboundedReceiver<Signal>,
-        membership: impl std::future::Future<Output = M>,
-        grace: Duration,
-        spares: &mut WarmSpares,
-    ) -> GroupOutcome<M> {
-        tokio::pin!(membership);
-        let spare_delay = spares.delay();
-        let spares_due = tokio::time::sleep(spare_delay.unwrap_or_default());
-        tokio::pin!(spares_due);
-        let mut spares_started = spare_delay.is_none();
-        loop {
-            tokio::select! {
-                _ = &mut spares_due, if !spares_started => {
-                    spares_started = true;
-                    // Still the main thread: the agent's future is polled by `block_on`.
-                    spares.fill(&self.commands);
-                }
-                exit = self.exits.recv() => {
-                    let Some(exit) = exit else { return GroupOutcome::Succeeded };
-                    self.record(exit);
-                    if exit.code == 0 {
-                        if self.running() == 0 {
-                            self.finish().await;
-                            return GroupOutcome::Succeeded;
-                        }
-                        continue;
-                    }
-                    let mut failures = vec![self.failure(exit)];
-                    for later in self.stop(Signal::SIGTERM, grace).await {
-                        if later.code != 0 {
-                            failures.push(self.failure(later));
-                        }
-                    }
-                    return GroupOutcome::Failed(failures);
-                }
-                Some(sig) = interrupt.recv() => {
-                    tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
-                    self.stop(sig, grace).await;
-                    return GroupOutcome::Interrupted(sig);
-                }
-                change = &mut membership => {
-                    self.stop(Signal::SIGTERM, grace).await;
-                    return GroupOutcome::Changed(change);
-                }
+    /// The failure record of `exit`, reading the worker's error file off the async threads.
+    async fn failure(&self, exit: Exit) -> ProcessFailure {
+        let w = &self.workers[exit.index];
+        let (local_rank, global_rank, pid, error_file) = (w.local_rank, w.global_rank, w.pid, w.error_file.clone());
+        let read = move || ProcessFailure::new(local_rank, global_rank, pid, exit.code, error_file.as_deref(), exit.at);
+        match tokio::task::spawn_blocking(read).await {
+            Ok(failure) => failure,
+            Err(e) => {
+                tracing::error!("cannot read the error file of local_rank {local_rank} ({e}); reporting the exit code");
+                ProcessFailure::new(local_rank, global_rank, pid, exit.code, None, exit.at)
             }
         }
     }
 
-    /// Sends `sig` to every running worker's process group, waits up to `grace` for all of them, SIGKILLs
-    /// the rest, then sweeps their sessions. Returns the exits seen meanwhile.
-    async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<Exit> {
+    /// Cancel-safe (may be dropped at any await and called again): returns when every worker has exited 0
+    /// (output pipes drained) or at the first non-zero exit not reported yet (that worker's failure; each is
+    /// reported once, here or by `stop`). Once every failure is reported and nothing runs, it returns the
+    /// first one again. Starts the warm spares when their delay, counted from the start, has passed. Main
+    /// thread only (spares are spawned here).
+    pub async fn watch(&mut self, spares: &mut WarmSpares) -> Watch {
+        loop {
+            if let Some(&exit) = self.failed.get(self.reported) {
+                let failure = self.failure(exit).await;
+                self.reported += 1;
+                return Watch::Failed(failure);
+            }
+            if self.running() == 0 {
+                self.finish().await;
+                return match self.failed.first() {
+                    None => Watch::Succeeded,
+                    Some(&first) => Watch::Failed(self.failure(first).await),
+                };
+            }
+            let due = self.spares_due;
+            tokio::select! {
+                () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
+                    self.spares_due = None;
+                    spares.fill(&self.commands);
+                }
+                exit = self.exits.recv() => self.record(exit),
+            }
+        }
+    }
+
+    /// Stops every running worker: `sig` to each process group, up to `grace` for all of them, SIGKILL to
+    /// the rest, then a sweep of their sessions and the output pipes drained. Returns the failures (non-zero
+    /// exits) not reported by `watch`, which includes the workers that exited meanwhile. Run it to completion.
+    pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<ProcessFailure> {
         for w in self.workers.iter().filter(|w| w.running) {
             tracing::info!("sending process {} closing signal {}", w.pid, sig.as_str());
             let _ = killpg(Pid::from_raw(w.pid), sig);
         }
-        let mut seen = Vec::new();
-        let deadline = tokio::time::Instant::now() + grace;
+        let deadline = Instant::now() + grace;
         while self.running() > 0 {
             match tokio::time::timeout_at(deadline, self.exits.recv()).await {
-                Ok(Some(exit)) => {
-                    self.record(exit);
-                    seen.push(exit);
-                }
-                Ok(None) => break,
+                Ok(exit) => self.record(exit),
                 Err(_) => {
                     for w in self.workers.iter().filter(|w| w.running) {
                         tracing::warn!("unable to shutdown process {} via {}, forcefully exiting via SIGKILL", w.pid, sig.as_str());
                         let _ = killpg(Pid::from_raw(w.pid), Signal::SIGKILL);
                     }
-                    // SIGKILL cannot be ignored; this bound only guards against uninterruptible sleep.
                     while self.running() > 0 {
-                        match tokio::time::timeout(Duration::from_secs(10), self.exits.recv()).await {
-                            Ok(Some(exit)) => {
-                                self.record(exit);
-                                seen.push(exit);
-                            }
-                            _ => {
+                        match tokio::time::timeout(KILL_TIMEOUT, self.exits.recv()).await {
+                            Ok(exit) => self.record(exit),
+                            Err(_) => {
                                 tracing::error!("workers did not exit after SIGKILL (uninterruptible kernel sleep?)");
                                 break;
                             }
@@ -322,27 +371,45 @@ impl WorkerGroup {
             }
         }
         self.finish().await;
-        seen
+        let mut failures = Vec::new();
+        while let Some(&exit) = self.failed.get(self.reported) {
+            failures.push(self.failure(exit).await);
+            self.reported += 1;
+        }
+        failures
     }
 
-    /// Kills whatever is left in the workers' sessions and lets the tee pipes drain.
+    /// Kills whatever is left in the workers' sessions, stops the file timer and lets the tee pipes drain.
+    /// Resumable: a cancelled call leaves what it did not finish to the next.
     async fn finish(&mut self) {
-        let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
-        let killed = reaper::kill_sessions(&sessions, Some(std::process::id() as i32));
-        if killed > 0 {
-            tracing::info!(killed, "killed processes left behind in the workers' sessions");
-        }
-        for sid in &sessions {
-            self.guard.forget(*sid);
-        }
-        let pumps = std::mem::take(&mut self.pumps);
-        let drained = tokio::time::timeout(DRAIN_TIMEOUT, async {
-            for p in pumps {
-                let _ = p.await;
+        if !self.swept {
+            let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
+            let timer = self.timer.take();
+            let me = std::process::id() as i32;
+            let sweep = tokio::task::spawn_blocking(move || {
+                if let Some(timer) = timer {
+                    timer.close();
+                }
+                reaper::kill_sessions(&sessions, Some(me))
+            });
+            match sweep.await {
+                Ok(0) => {}
+                Ok(killed) => tracing::info!(killed, "killed processes left behind in the workers' sessions"),
+                Err(e) => tracing::error!("cannot sweep the workers' sessions: {e}"),
             }
-        });
-        if drained.await.is_err() {
-            tracing::warn!("worker output pipes still open after {DRAIN_TIMEOUT:?}; continuing");
+            for w in &self.workers {
+                self.guard.forget(w.pid);
+            }
+            self.swept = true;
+        }
+        let deadline = Instant::now() + DRAIN_TIMEOUT;
+        while let Some(pump) = self.pumps.last_mut() {
+            if tokio::time::timeout_at(deadline, pump).await.is_err() {
+                tracing::warn!("worker output pipes still open after {DRAIN_TIMEOUT:?}; continuing");
+                self.pumps.clear();
+                break;
+            }
+            self.pumps.pop();
         }
     }
 }

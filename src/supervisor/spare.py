@@ -53,6 +53,7 @@ def _muster_spare():
         os.close(fd)
     os.environ.clear()
     os.environ.update(env)
+    os.environ.pop("MUSTER_WARM_SPARE", None)  # only the spare is one (spare.rs: SPARE_VAR)
     return argv
 
 

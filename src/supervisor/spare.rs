@@ -33,6 +33,10 @@ use super::reaper::{OrphanGuard, OWN_CHILDREN};
 
 /// What a spare runs: `python -u -c BOOTSTRAP MODULES ARGS...`.
 const BOOTSTRAP: &str = include_str!("spare.py");
+/// `=1` in a spare's initial environment, so a tool that reads it (the fake NVML) can tell a spare, which has no
+/// CUDA context yet. spare.py removes it from `os.environ` before it becomes the worker; `/proc/<pid>/environ`,
+/// the initial environment, keeps showing it after the hand-over.
+pub const SPARE_VAR: &str = "MUSTER_WARM_SPARE";
 /// Bound on the hand-over write; the payload (the environment) fits the socket buffer even when the spare
 /// is still importing and not reading yet.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
@@ -133,14 +137,17 @@ impl WarmSpares {
             };
             let mut args = vec!["-u".to_string(), "-c".to_string(), BOOTSTRAP.to_string(), modules.clone()];
             args.extend(rest.iter().cloned());
+            let mut env = cmd.env.clone();
+            env.push((SPARE_VAR.to_string(), "1".to_string()));
             let spawned = UnixStream::pair().and_then(|(ours, theirs)| {
                 let stdin = Stdio::from(OwnedFd::from(theirs));
-                super::spawn_worker(&cmd.program, &args, &cmd.env, &cmd.placement, stdin, Stdio::null(), Stdio::inherit())
+                super::spawn_worker(&cmd.program, &args, &env, &cmd.placement, stdin, Stdio::null(), Stdio::inherit())
                     .map(|child| (child, ours))
             });
             match spawned {
                 Ok((child, ctrl)) => {
-                    let pid = child.id().map(|p| p as i32).unwrap_or_default();
+                    // Only a child already reaped has no pid: nothing to keep.
+                    let Some(pid) = child.id().map(|p| p as i32) else { continue };
                     self.guard.watch(pid);
                     self.idle.push(Spare { child, pid, ctrl, fit: cmd.fit(&full_env) });
                     started += 1;

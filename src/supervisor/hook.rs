@@ -1,0 +1,113 @@
+//! A user's hook command (`--on-node-fault`): `sh -c CMD`, bounded, in its own session, never fatal.
+//!
+//! The hook is a session leader like a worker, so on timeout (or if the caller stops waiting) its whole
+//! process group is killed and its session swept: nothing it started outlives it.
+
+use std::collections::HashSet;
+use std::process::Stdio;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+
+use super::reaper;
+
+/// How long a killed hook may take to be reaped (SIGKILL; only uninterruptible sleep delays it).
+const REAP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Kills the hook's process group if the hook is still owned when this is dropped (the caller's future was
+/// dropped mid-wait).
+struct GroupGuard(Option<i32>);
+
+impl Drop for GroupGuard {
+    fn drop(&mut self) {
+        if let Some(pgid) = self.0.take() {
+            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+        }
+    }
+}
+
+/// Runs `sh -c cmd` with `env` on top of the agent's environment (stdin from /dev/null, output to the
+/// agent's), waits up to `timeout`, and logs the outcome. On timeout its process group is SIGKILLed and its
+/// session swept. Never fails the caller.
+pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration) {
+    let mut command = tokio::process::Command::new("sh");
+    command.arg("-c").arg(cmd).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
+    // SAFETY: setsid is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+    }
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            tracing::warn!("cannot run the hook `{cmd}`: {e}");
+            return;
+        }
+    };
+    let Some(pid) = child.id().map(|p| p as i32) else {
+        tracing::warn!("the hook `{cmd}` exited before its pid could be read");
+        return;
+    };
+    let mut guard = GroupGuard(Some(pid));
+    match tokio::time::timeout(timeout, child.wait()).await {
+        Ok(Ok(status)) if status.success() => tracing::info!("hook `{cmd}` ran"),
+        Ok(Ok(status)) => tracing::warn!("hook `{cmd}` failed: {status}"),
+        Ok(Err(e)) => tracing::warn!("cannot wait for the hook `{cmd}`: {e}"),
+        Err(_) => {
+            guard.0 = None;
+            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            // The sweep runs before the hook is reaped, so its session id cannot have been reused yet.
+            let me = std::process::id() as i32;
+            let swept = tokio::task::spawn_blocking(move || reaper::kill_sessions(&HashSet::from([pid]), Some(me)));
+            let swept = swept.await.unwrap_or_default();
+            if tokio::time::timeout(REAP_TIMEOUT, child.wait()).await.is_err() {
+                tracing::error!("the hook `{cmd}` did not exit after SIGKILL (uninterruptible kernel sleep?)");
+            }
+            tracing::warn!(
+                "hook `{cmd}` did not finish within {timeout:?}; killed its process group ({swept} more process(es) \
+                 swept from its session)"
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn alive(pid: i32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| reaper::parse_stat(&s))
+            .is_some_and(|p| p.state != 'Z' && p.state != 'X')
+    }
+
+    #[tokio::test]
+    async fn a_hook_past_its_timeout_leaves_no_process_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let pidfile = dir.path().join("pid");
+        let cmd = format!("sleep 1000 & echo $! > {}.tmp && mv {0}.tmp {0}; wait", pidfile.display());
+        let env = [("MUSTER_TEST".to_string(), "1".to_string())];
+        let hook = tokio::spawn(async move { run_hook(&cmd, &env, Duration::from_secs(2)).await });
+        let deadline = std::time::Instant::now() + Duration::from_secs(2);
+        let sleeper = loop {
+            if let Ok(text) = std::fs::read_to_string(&pidfile) {
+                break text.trim().parse::<i32>().unwrap();
+            }
+            assert!(std::time::Instant::now() < deadline, "the hook never started its child");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        hook.await.unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        while alive(sleeper) && std::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(!alive(sleeper), "the hook's `sleep 1000` outlived the hook's timeout");
+    }
+
+    #[tokio::test]
+    async fn a_failing_or_missing_hook_does_not_fail_the_caller() {
+        run_hook("exit 3", &[], Duration::from_secs(30)).await;
+        run_hook("/nonexistent/hook", &[], Duration::from_secs(30)).await;
+    }
+}
