@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
 use super::state::{self, Effect, End, Input, Job, Op, Phase, State};
+use super::start::place;
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
@@ -25,7 +26,7 @@ use crate::store::tcp::Server;
 use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
-use crate::supervisor::{GroupSpec, Watch, WorkerGroup};
+use crate::supervisor::{Watch, WorkerGroup};
 use crate::telemetry::Events;
 
 /// How long the `--on-node-fault` hook may run.
