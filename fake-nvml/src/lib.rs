@@ -13,6 +13,8 @@
 #![allow(non_snake_case)]
 
 mod config;
+mod incident;
+mod procs;
 mod state;
 
 use config::{Bdf, Model, Remote, MAX_GPUS, MAX_LINKS, SWITCH_BDFS};
@@ -49,19 +51,40 @@ fn guard(f: impl FnOnce() -> Ret) -> Ret {
     catch_unwind(AssertUnwindSafe(f)).unwrap_or(UNKNOWN)
 }
 
+thread_local! {
+    /// Set when this call met a lost GPU that stalls (`lost <gpu> stall=N`): the call sleeps after releasing
+    /// the global lock, so calls on other GPUs (and event waits) go on meanwhile.
+    static STALL: std::cell::Cell<Option<Duration>> = const { std::cell::Cell::new(None) };
+}
+
 /// Runs `f` on the initialised state, after applying pending events-file lines.
 fn with_state(f: impl FnOnce(&mut State) -> Result<(), Ret>) -> Ret {
     guard(|| {
-        let mut g = lock();
-        let Some(st) = g.as_mut() else {
-            return UNINITIALIZED;
+        STALL.set(None);
+        let ret = {
+            let mut g = lock();
+            let Some(st) = g.as_mut() else {
+                return UNINITIALIZED;
+            };
+            st.poll_events();
+            match f(st) {
+                Ok(()) => SUCCESS,
+                Err(e) => e,
+            }
         };
-        st.poll_events();
-        match f(st) {
-            Ok(()) => SUCCESS,
-            Err(e) => e,
+        if let Some(d) = STALL.take() {
+            std::thread::sleep(d);
         }
+        ret
     })
+}
+
+/// GPU_IS_LOST for GPU `i`, after its stall if it has one.
+fn lost(st: &State, i: usize) -> Ret {
+    if let Some(d) = st.model.gpus[i].stall {
+        STALL.set(Some(d));
+    }
+    GPU_IS_LOST
 }
 
 fn handle(i: usize) -> nvmlDevice_t {
@@ -82,7 +105,7 @@ fn index_of(st: &State, d: nvmlDevice_t) -> Result<usize, Ret> {
 fn gpu(st: &State, d: nvmlDevice_t) -> Result<usize, Ret> {
     let i = index_of(st, d)?;
     if st.model.gpus[i].lost {
-        return Err(GPU_IS_LOST);
+        return Err(lost(st, i));
     }
     Ok(i)
 }
@@ -344,7 +367,7 @@ unsafe fn by_index(index: c_uint, device: *mut nvmlDevice_t) -> Ret {
             return Err(INVALID_ARGUMENT);
         }
         if st.model.gpus[i].lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(st, i));
         }
         put(device, handle(i))
     })
@@ -383,7 +406,7 @@ pub unsafe extern "C" fn nvmlDeviceGetHandleByUUID(
             .position(|g| g.uuid == u)
             .ok_or(NOT_FOUND)?;
         if st.model.gpus[i].lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(st, i));
         }
         put(device, handle(i))
     })
@@ -403,7 +426,7 @@ unsafe fn by_pci(bus_id: *const c_char, device: *mut nvmlDevice_t) -> Ret {
             .position(|g| g.bdf == bdf)
             .ok_or(NOT_FOUND)?;
         if st.model.gpus[i].lost {
-            return Err(GPU_IS_LOST);
+            return Err(lost(st, i));
         }
         put(device, handle(i))
     })
@@ -555,7 +578,16 @@ pub unsafe extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
         if count.is_null() {
             return Err(INVALID_ARGUMENT);
         }
-        let procs = &st.model.gpus[i].processes;
+        let mut procs = st.model.gpus[i].processes.clone();
+        if st.model.attach_processes {
+            let uuids: Vec<String> = st.model.gpus.iter().map(|g| g.uuid.clone()).collect();
+            for (pid, _) in procs::attached(&uuids).into_iter().filter(|(_, g)| *g == i) {
+                if !procs.iter().any(|p| p.0 == pid) {
+                    // What a fresh CUDA context holds is not modelled: attached processes report 0 bytes.
+                    procs.push((pid, 0));
+                }
+            }
+        }
         let cap = *count as usize;
         *count = procs.len() as c_uint;
         if procs.is_empty() {
