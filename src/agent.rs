@@ -473,7 +473,7 @@ pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, 
         if let (Some(g), Some(plan)) = (&gpus, &plan) {
             let in_use: Vec<GpuInfo> =
                 plan.ranks.iter().filter_map(|r| g.all.iter().find(|gpu| gpu.index == r.gpu_index).cloned()).collect();
-            if let Err(e) = health::check_before_spawn(g.nvml, &in_use, cfg.gpu_wait_timeout).await {
+            if let Err(e) = health::check_before_spawn(g.nvml, &in_use, cfg.gpu_wait_timeout).await.map_err(|e| e.to_string()) {
                 machine.go(State::Failed, json!({ "error": e }));
                 return Err(AgentError::Gpu(e));
             }

@@ -214,7 +214,7 @@ impl LaunchConfig {
 
     /// The GPU placement for `excluded` GPUs (None: no NVML, no GPU, or not applicable to this job).
     pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
-        let plan = crate::plan::placement_for(
+        let plan = crate::gpu::placement::placement_for(
             nproc,
             self.numa_binding.as_deref(),
             self.gpus.as_deref(),

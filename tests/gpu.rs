@@ -232,6 +232,34 @@ fn doctor_prints_the_inventory_and_fails_after_xid_79() {
 }
 
 #[test]
+fn the_watcher_keeps_the_policy_after_xid_79_and_reports_a_lost_gpu_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]);
+    let mut cmd = muster();
+    cmd.args(["doctor", "--listen=8", "--xid-policy=79=ignore"]).envs(gpus.env()).stdout(std::process::Stdio::piped());
+    let mut doctor = Guard::spawn(&mut cmd);
+    gpus.inject(1, "xid 1 79");
+    gpus.inject(1, "xid 1 13");
+    gpus.inject(1, "lost 1");
+    let status = doctor.wait_timeout(LONG).expect("doctor finished");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut doctor.0.stdout.take().unwrap(), &mut out).unwrap();
+    let faults: Vec<&str> = out.lines().filter(|l| l.starts_with("fault: GPU 1 ")).collect();
+    let gpu1 = "fault: GPU 1 (GPU-a0000001-0000-0000-0000-000000000000)";
+    assert_eq!(
+        faults,
+        [
+            format!("{gpu1}: XID 79 -> ignore"),
+            format!("{gpu1}: XID 13 -> restart"),
+            format!("{gpu1}: XID 79 -> ignore"),
+            format!("{gpu1}: GPU lost -> ignore"),
+        ],
+        "{out}"
+    );
+    assert_eq!(status.code(), Some(0), "the policy ignores 79 and GPU lost: {out}");
+}
+
+#[test]
 fn a_node_reboot_recovery_action_drains_the_node() {
     let dir = tempfile::tempdir().unwrap();
     let gpus = FakeNode::new(dir.path(), "a", 2, &[]);

@@ -42,6 +42,8 @@ pub fn sysfs_root() -> PathBuf {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TopologyError {
+    #[error(transparent)]
+    Lost(#[from] super::LostGpu),
     #[error("NVML call failed while reading the GPU topology: {0}")]
     Nvml(String),
     #[error("cannot read {}: {source}", path.display())]
@@ -234,7 +236,14 @@ pub fn sysfs_bdf(bus_id: &str) -> String {
 /// a topology query NVML does not support leaves that pair [`Link::UNKNOWN`], a missing `numa_node` falls
 /// back to NVML's memory affinity, and missing CPU files leave the corresponding maps empty.
 pub fn read(nvml: &Nvml, gpus: &[GpuInfo], sysfs_root: &Path) -> Result<Topology, TopologyError> {
-    let devices = gpus.iter().map(|g| nvml.device_by_index(g.index)).collect::<Result<Vec<_>, _>>()?;
+    let devices = gpus
+        .iter()
+        .map(|g| {
+            nvml.device_by_index(g.index).map_err(|e| {
+                super::LostGpu::from_nvml(&e, g.index, Some(&g.uuid)).map_or_else(|| e.into(), TopologyError::Lost)
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     let mut nodes = Vec::with_capacity(gpus.len());
     for (g, d) in gpus.iter().zip(&devices) {
