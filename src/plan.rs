@@ -16,7 +16,8 @@ use crate::gpu::topology::{format_cpulist, NumaMode};
 #[derive(Debug, Parser)]
 #[command(name = "muster plan")]
 struct PlanArgs {
-    /// Workers on this node: an integer, gpu or auto (both: every usable GPU). Default: every usable GPU.
+    /// Workers on this node: an integer, gpu or auto (both: every usable GPU; auto on a host without GPUs: one
+    /// per CPU). Default: every usable GPU (1 on a host without GPUs).
     #[arg(long = "nproc-per-node", alias = "nproc_per_node")]
     nproc_per_node: Option<String>,
     /// CPU binding per local rank: node, socket, exclusive or core-complex.
