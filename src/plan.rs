@@ -1,27 +1,23 @@
 //! `muster plan`: shows where each local rank would run (GPU, NUMA node, CPUs) and the `CUDA_VISIBLE_DEVICES`
-//! the workers would get, and [`placement_for`], the same computation for the agent before every spawn.
+//! the workers would get: [`crate::gpu::placement`], the computation the agent applies before every spawn.
 //!
-//! The decisions live in [`crate::gpu::topology`]; this module gathers the inputs (NVML, the sysfs tree, the
-//! inherited environment, this process's CPU affinity) and presents the result.
-//!
-//! Exit codes of `muster plan`: 0 planned; 1 no NVIDIA driver / no GPU / the topology could not be read;
-//! 2 bad input (one line naming the flag), including more workers than usable GPUs.
+//! Exit codes: 0 planned (on a host without NVIDIA GPUs too: the ranks with their inherited CPUs and no
+//! GPU); 1 the GPUs or the topology could not be read (a GPU lost included); 2 bad input (one line naming
+//! the flag), including more workers than usable GPUs.
 
 use std::collections::BTreeSet;
-use std::path::Path;
 
 use clap::{ArgAction, Parser};
 
-use crate::gpu::topology::{
-    self, format_cpulist, NumaMode, Plan, PlanInput, Selection, DEFAULT_SYSFS_ROOT,
-};
-use crate::gpu::GpuInfo;
+use crate::gpu::placement::{self, Nproc, Placed, PlacementError, Planned};
+use crate::gpu::topology::{format_cpulist, NumaMode};
 
 /// Show the topology-aware placement of this node's workers.
 #[derive(Debug, Parser)]
 #[command(name = "muster plan")]
 struct PlanArgs {
-    /// Workers on this node: an integer, gpu or auto (both: every usable GPU). Default: every usable GPU.
+    /// Workers on this node: an integer, gpu or auto (both: every usable GPU; auto on a host without GPUs: one
+    /// per CPU). Default: every usable GPU (1 on a host without GPUs).
     #[arg(long = "nproc-per-node", alias = "nproc_per_node")]
     nproc_per_node: Option<String>,
     /// CPU binding per local rank: node, socket, exclusive or core-complex.
@@ -37,133 +33,6 @@ struct PlanArgs {
     /// Output format.
     #[arg(long, default_value = "table", value_parser = ["table", "json"])]
     format: String,
-}
-
-/// Why no plan was made.
-enum Failure {
-    /// No driver or no GPU: placement does not apply.
-    NoGpu(String),
-    /// The user's input cannot be satisfied (exit 2).
-    Input(String),
-    /// The machine could not be read (exit 1).
-    System(String),
-}
-
-/// How many workers: a number, or every usable GPU.
-#[derive(Debug, Clone, Copy)]
-enum Nproc {
-    Exactly(u32),
-    AllUsable,
-}
-
-/// A computed placement with what it was computed from.
-struct Planned {
-    plan: Plan,
-    selection: Selection,
-    gpus: Vec<GpuInfo>,
-}
-
-/// The placement of `nproc` local workers, for the agent to apply before every spawn:
-/// - export [`Plan::visible_devices`] as `CUDA_VISIBLE_DEVICES` to every worker, with
-///   `CUDA_DEVICE_ORDER=PCI_BUS_ID` (indices in it are NVML's, i.e. PCI bus order);
-/// - for local rank i, `plan.ranks[i].cpus` (when Some) is the CPU set to `sched_setaffinity` in the child
-///   before exec; `plan.ranks[i].numa_node` the node for a memory preference if wanted;
-/// - with `virtual_local_rank`, `plan.ranks[i].visible_devices` is that worker's own one-GPU
-///   `CUDA_VISIBLE_DEVICES`, overriding the shared one.
-///
-/// `numa` is the `--numa-binding` mode name (node, socket, exclusive, core-complex; None: no CPU binding),
-/// `gpus_flag` a `--gpus` list (NVML indices or UUIDs), `excluded` the NVML indices of GPUs dropped after
-/// faults. The inherited `CUDA_VISIBLE_DEVICES` / `SLURM_STEP_GPUS` / `SLURM_JOB_GPUS` /
-/// `NVIDIA_VISIBLE_DEVICES` of this process restrict the GPUs (see [`topology::select_gpus`]), the sysfs
-/// tree is `$MUSTER_SYSFS_ROOT` (default /sys), and CPU sets are intersected with this process's affinity.
-///
-/// Returns Ok(None) when NVML cannot be loaded or reports no GPU (run without placement), and Err with one
-/// user-facing line (naming the flag) when the placement is impossible, e.g. more workers than usable GPUs.
-pub fn placement_for(
-    nproc: u32,
-    numa: Option<&str>,
-    gpus_flag: Option<&str>,
-    excluded: &BTreeSet<u32>,
-    virtual_local_rank: bool,
-) -> Result<Option<Plan>, String> {
-    let numa = numa.map(str::parse::<NumaMode>).transpose()?;
-    match compute(Nproc::Exactly(nproc), numa, gpus_flag, excluded, virtual_local_rank) {
-        Ok(p) => Ok(Some(p.plan)),
-        Err(Failure::NoGpu(_)) => Ok(None),
-        Err(Failure::Input(msg) | Failure::System(msg)) => Err(msg),
-    }
-}
-
-fn compute(
-    nproc: Nproc,
-    numa: Option<NumaMode>,
-    gpus_flag: Option<&str>,
-    excluded: &BTreeSet<u32>,
-    virtual_local_rank: bool,
-) -> Result<Planned, Failure> {
-    let nvml = crate::gpu::nvml().map_err(|e| Failure::NoGpu(e.to_string()))?;
-    let gpus = crate::gpu::inventory(nvml).map_err(|e| Failure::System(format!("cannot list the GPUs: {e}")))?;
-    if gpus.is_empty() {
-        return Err(Failure::NoGpu("NVML reports no GPU on this node".into()));
-    }
-    let env = |k: &str| std::env::var(k).ok();
-    // Opaque MIG UUIDs carry no placement information: ask NVML for the parent GPU.
-    let mig_parent = |uuid: &str| -> Option<u32> {
-        let device = nvml.device_by_uuid(uuid).ok()?;
-        device.mig_parent_device().ok()?.index().ok()
-    };
-    let selection = topology::select_gpus(&gpus, &env, gpus_flag, excluded, &mig_parent)
-        .map_err(|e| Failure::Input(e.to_string()))?;
-    let nproc = match nproc {
-        Nproc::Exactly(n) => n,
-        Nproc::AllUsable if selection.gpus.is_empty() => {
-            return Err(Failure::Input(format!("no usable GPU ({})", describe(&selection, excluded))))
-        }
-        Nproc::AllUsable => u32::try_from(selection.gpus.len()).unwrap_or(u32::MAX),
-    };
-    let root = topology::sysfs_root();
-    let topo = topology::read(nvml, &gpus, &root).map_err(|e| Failure::System(e.to_string()))?;
-    let input = PlanInput {
-        gpus: selection.gpus.clone(),
-        nproc,
-        numa,
-        allowed_cpus: allowed_cpus(&root),
-        by_uuid: selection.by_uuid,
-        mig: selection.mig.clone(),
-        virtual_local_rank,
-    };
-    let plan = topology::plan(&topo, &input).map_err(|e| match e {
-        topology::PlanError::TooManyWorkers { .. } => {
-            Failure::Input(format!("'--nproc-per-node {nproc}': {e} ({})", describe(&selection, excluded)))
-        }
-        other => Failure::Input(other.to_string()),
-    })?;
-    Ok(Planned { plan, selection, gpus })
-}
-
-/// Where the usable GPUs came from, for error messages: `CUDA_VISIBLE_DEVICES=5,2,7,1, 1 excluded`.
-fn describe(selection: &Selection, excluded: &BTreeSet<u32>) -> String {
-    if excluded.is_empty() {
-        format!("selected by {}", selection.source)
-    } else {
-        let list: Vec<String> = excluded.iter().map(u32::to_string).collect();
-        format!("selected by {}, excluded after faults: {}", selection.source, list.join(","))
-    }
-}
-
-/// This process's CPUs (its cgroup cpuset), which bound every CPU set. Only meaningful against the real
-/// sysfs: a fake tree (tests) describes another machine, whose CPUs this process's mask does not name.
-fn allowed_cpus(root: &Path) -> Option<BTreeSet<u32>> {
-    if root != Path::new(DEFAULT_SYSFS_ROOT) {
-        return None;
-    }
-    let set = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
-    let cpus: BTreeSet<u32> = (0..nix::sched::CpuSet::count())
-        .filter(|&c| set.is_set(c).unwrap_or(false))
-        .filter_map(|c| u32::try_from(c).ok())
-        .collect();
-    // An empty mask cannot be right (this process is running somewhere): do not restrict on it.
-    (!cpus.is_empty()).then_some(cpus)
 }
 
 /// Entry point of `muster plan ARGS...`; returns the exit code.
@@ -189,17 +58,14 @@ pub fn plan_main(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let planned = match compute(nproc, numa, args.gpus.as_deref(), &BTreeSet::new(), args.virtual_local_rank) {
-        Ok(p) => p,
-        Err(Failure::NoGpu(msg)) => {
-            eprintln!("muster plan: error: no GPU to place workers on: {msg}");
+    let planned = match placement::compute(nproc, numa, args.gpus.as_deref(), &BTreeSet::new(), args.virtual_local_rank) {
+        Ok(Placed::Gpus(p)) => p,
+        Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason),
+        Err(e @ (PlacementError::GpuLost(_) | PlacementError::System(_))) => {
+            eprintln!("muster plan: error: {e}");
             return 1;
         }
-        Err(Failure::System(msg)) => {
-            eprintln!("muster plan: error: {msg}");
-            return 1;
-        }
-        Err(Failure::Input(msg)) => {
+        Err(PlacementError::Input(msg)) => {
             eprintln!("muster plan: error: {msg}");
             return 2;
         }
@@ -208,54 +74,98 @@ pub fn plan_main(args: &[String]) -> i32 {
         eprintln!("muster plan: warning: {w}");
     }
     if args.format == "json" {
-        match serde_json::to_string_pretty(&planned.plan) {
-            Ok(text) => println!("{text}"),
-            Err(e) => {
-                eprintln!("muster plan: error: cannot encode the plan: {e}");
-                return 1;
-            }
-        }
-    } else {
-        print!("{}", table(&planned));
+        return print_json(&planned.plan);
     }
+    print!("{}", table(&planned));
     0
 }
 
+fn print_json(value: &impl serde::Serialize) -> i32 {
+    match serde_json::to_string_pretty(value) {
+        Ok(text) => {
+            println!("{text}");
+            0
+        }
+        Err(e) => {
+            eprintln!("muster plan: error: cannot encode the plan: {e}");
+            1
+        }
+    }
+}
+
+/// The plan on a host without NVIDIA GPUs, each rank inheriting this process's CPUs and no GPU. As the
+/// launcher counts workers there: `--nproc-per-node N`, `auto` one per CPU this process may use, no flag 1
+/// (the launcher's default), and `gpu` is an error.
+fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str) -> i32 {
+    if args.numa_binding.is_some() || args.gpus.is_some() {
+        eprintln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
+        return 2;
+    }
+    let cpus = placement::own_cpus();
+    let n = match (nproc, args.nproc_per_node.as_deref().map(str::trim)) {
+        (Nproc::Exactly(n), _) => n,
+        (Nproc::AllUsable, Some("gpu")) => {
+            eprintln!("muster plan: error: '--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto");
+            return 2;
+        }
+        (Nproc::AllUsable, Some(_)) => cpus.as_ref().map_or(1, |c| u32::try_from(c.len()).unwrap_or(u32::MAX)),
+        (Nproc::AllUsable, None) => 1,
+    };
+    let cpus: Option<Vec<u32>> = cpus.map(|c| c.into_iter().collect());
+    if args.format == "json" {
+        let ranks: Vec<serde_json::Value> = (0..n)
+            .map(|r| {
+                serde_json::json!({
+                    "local_rank": r, "gpu_index": null, "uuid": null, "pci_bus_id": null, "numa_node": null,
+                    "cpus": cpus, "visible_devices": null, "link_to_previous": null,
+                })
+            })
+            .collect();
+        let plan = serde_json::json!({ "numa_binding": null, "ranks": ranks, "visible_devices": null, "no_gpu": reason });
+        return print_json(&plan);
+    }
+    let cpus = cpus.as_deref().map_or_else(|| "inherit".to_string(), |c| format!("{} (inherited)", format_cpulist(c)));
+    let mut out = format!("no GPU placement: {reason}\nnumber of workers: {n}; CUDA_VISIBLE_DEVICES not set\n");
+    out.push_str(&row(["local_rank", "gpu", "uuid", "pci", "numa", "link_prev", "cpus", "nic"]));
+    for r in 0..n {
+        out.push_str(&row([&r.to_string(), "-", "-", "-", "-", "-", &cpus, "-"]));
+    }
+    print!("{out}");
+    0
+}
+
+/// One line of the rank table.
+fn row(cells: [&str; 8]) -> String {
+    let [rank, gpu, uuid, pci, numa, link, cpus, nic] = cells;
+    format!("{rank:<10} {gpu:<4} {uuid:<42} {pci:<18} {numa:<5} {link:<9} {cpus:<24} {nic:<4}\n")
+}
+
 fn table(p: &Planned) -> String {
-    use std::fmt::Write;
-    let mut out = String::new();
-    let _ = writeln!(
-        out,
-        "{} of {} GPUs usable ({}); numa binding: {}",
+    let mut out = format!(
+        "{} of {} GPUs usable ({}); numa binding: {}\nCUDA_VISIBLE_DEVICES={} CUDA_DEVICE_ORDER=PCI_BUS_ID\n",
         p.selection.gpus.len(),
         p.gpus.len(),
         p.selection.source,
-        p.plan.numa_binding.map_or("none (inherit)", NumaMode::as_str)
+        p.plan.numa_binding.map_or("none (inherit)", NumaMode::as_str),
+        p.plan.visible_devices
     );
-    let _ = writeln!(out, "CUDA_VISIBLE_DEVICES={} CUDA_DEVICE_ORDER=PCI_BUS_ID", p.plan.visible_devices);
-    let _ = writeln!(
-        out,
-        "{:<10} {:<4} {:<42} {:<18} {:<5} {:<9} {:<24} {:<4}",
-        "local_rank", "gpu", "uuid", "pci", "numa", "link_prev", "cpus", "nic"
-    );
+    out.push_str(&row(["local_rank", "gpu", "uuid", "pci", "numa", "link_prev", "cpus", "nic"]));
     for r in &p.plan.ranks {
         let cpus = r.cpus.as_deref().map_or_else(|| "inherit".to_string(), format_cpulist);
         let numa = r.numa_node.map_or_else(|| "-".to_string(), |n| n.to_string());
-        let _ = writeln!(
-            out,
-            "{:<10} {:<4} {:<42} {:<18} {:<5} {:<9} {:<24} {:<4}",
-            r.local_rank,
-            r.gpu_index,
-            r.uuid,
-            r.pci_bus_id,
-            numa,
+        out.push_str(&row([
+            &r.local_rank.to_string(),
+            &r.gpu_index.to_string(),
+            &r.uuid,
+            &r.pci_bus_id,
+            &numa,
             r.link_to_previous.as_deref().unwrap_or("-"),
-            cpus,
+            &cpus,
             // NIC locality is not measured yet (it needs /sys/class/infiniband).
-            "n/a"
-        );
+            "n/a",
+        ]));
         if let Some(own) = &r.visible_devices {
-            let _ = writeln!(out, "{:<10} own CUDA_VISIBLE_DEVICES={own}", "");
+            out.push_str(&format!("{:<10} own CUDA_VISIBLE_DEVICES={own}\n", ""));
         }
     }
     out

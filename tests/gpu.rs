@@ -54,6 +54,15 @@ impl FakeNode {
         node
     }
 
+    /// The fake also lists the workers bound to each GPU (`CUDA_VISIBLE_DEVICES[LOCAL_RANK]`) as its compute
+    /// processes, and `kill=` modifiers reach them.
+    fn attach_workers(self) -> FakeNode {
+        let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&self.config).unwrap()).unwrap();
+        cfg["attach_processes"] = serde_json::Value::Bool(true);
+        std::fs::write(&self.config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
+        self
+    }
+
     fn env(&self) -> Vec<(&'static str, String)> {
         vec![
             ("MUSTER_NVML_LIBRARY", fake_nvml::library().display().to_string()),
@@ -140,6 +149,30 @@ fn xid_13_restarts_the_group_and_spends_a_restart() {
     assert!(restarted, "no group restart after XID 13: {:?}\n{}", starts(dir.path()), a.log());
     std::fs::write(dir.path().join("finish"), "").unwrap();
     assert_eq!(a.exit_code(LONG), Some(0), "the node stays: {}", a.log());
+}
+
+#[test]
+fn an_xid_whose_worker_dies_first_restarts_the_group_on_the_same_gpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]).attach_workers();
+    let mut a = Agent::start_with_env(
+        "a",
+        &agent_args("1", "2", "127.0.0.1:0", "is_host=1", &["--max-restarts=3"], dir.path()),
+        &gpus.env(),
+    );
+    let first = wait_world(dir.path(), 2, 2);
+    let victim = first.iter().find(|s| s.local_rank == 1).expect("local rank 1").pid;
+    // CUDA kills the context (the worker) a little before the driver's XID reaches NVML.
+    gpus.inject(1, "xid 1 13 kill=-30");
+    let restarted = eventually(LONG, || starts(dir.path()).iter().filter(|s| s.restart_count > 0).count() >= 2);
+    assert!(restarted, "no group restart: {:?}\n{}", starts(dir.path()), a.log());
+    let status = std::fs::read_to_string(&gpus.status).unwrap();
+    assert!(status.contains(&format!("killed 1 pids=[{victim}]")), "the fake killed the worker on GPU 1: {status}");
+    assert!(!alive(victim));
+    // The dead workers no longer hold their GPUs: the pre-spawn check let the new ones start there.
+    assert!(starts(dir.path()).iter().all(|s| s.visible == "0,1"), "{:?}", starts(dir.path()));
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
 }
 
 /// Also with warm spares on both nodes: node a's spares fit its next workers (only the world changed) and are
@@ -229,6 +262,34 @@ fn doctor_prints_the_inventory_and_fails_after_xid_79() {
     std::io::Read::read_to_string(&mut doctor.0.stdout.take().unwrap(), &mut out).unwrap();
     assert_eq!(status.code(), Some(1), "{out}");
     assert!(out.contains("XID 79") && out.contains("UNHEALTHY"), "{out}");
+}
+
+#[test]
+fn the_watcher_keeps_the_policy_after_xid_79_and_reports_a_lost_gpu_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 2, &[]);
+    let mut cmd = muster();
+    cmd.args(["doctor", "--listen=8", "--xid-policy=79=ignore"]).envs(gpus.env()).stdout(std::process::Stdio::piped());
+    let mut doctor = Guard::spawn(&mut cmd);
+    gpus.inject(1, "xid 1 79");
+    gpus.inject(1, "xid 1 13");
+    gpus.inject(1, "lost 1");
+    let status = doctor.wait_timeout(LONG).expect("doctor finished");
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut doctor.0.stdout.take().unwrap(), &mut out).unwrap();
+    let faults: Vec<&str> = out.lines().filter(|l| l.starts_with("fault: GPU 1 ")).collect();
+    let gpu1 = "fault: GPU 1 (GPU-a0000001-0000-0000-0000-000000000000)";
+    assert_eq!(
+        faults,
+        [
+            format!("{gpu1}: XID 79 -> ignore"),
+            format!("{gpu1}: XID 13 -> restart"),
+            format!("{gpu1}: XID 79 -> ignore"),
+            format!("{gpu1}: GPU lost -> ignore"),
+        ],
+        "{out}"
+    );
+    assert_eq!(status.code(), Some(0), "the policy ignores 79 and GPU lost: {out}");
 }
 
 #[test]

@@ -190,16 +190,72 @@ fn hgx_exclusive_puts_ranks_zero_to_three_on_node_zero() {
 }
 
 #[test]
-fn table_output_and_no_driver() {
+fn table_output() {
     let (code, stdout, stderr) = plan(&PCIE, &["--numa-binding", "node", "--nproc-per-node", "2"], &[]);
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("CUDA_VISIBLE_DEVICES=0,4,1,5,2,6,3,7"), "{stdout}");
     assert!(stdout.contains("0-7,16-23") && stdout.contains("n/a"), "{stdout}");
+}
 
+/// `muster plan` where NVML cannot be loaded, or loads and reports no GPU (args, env); (code, stdout, stderr).
+fn plan_without_gpus(no_gpu: &str, args: &[&str]) -> (i32, String, String) {
+    let dir = tempfile::tempdir().expect("tempdir");
     let mut cmd = common::muster();
-    cmd.args(["plan"]).env("MUSTER_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+    cmd.arg("plan").args(args);
+    if no_gpu == "no driver" {
+        cmd.env("MUSTER_NVML_LIBRARY", "/nonexistent/libnvidia-ml.so.1");
+    } else {
+        let config = dir.path().join("nvml.json");
+        std::fs::write(&config, r#"{"gpus": []}"#).expect("config");
+        cmd.env("MUSTER_NVML_LIBRARY", fake_nvml::library()).env("FAKE_NVML_CONFIG", &config);
+    }
     let out = common::run(&mut cmd, Duration::from_secs(30));
-    assert_eq!(out.status.code(), Some(1));
-    assert_eq!(out.stderr.lines().count(), 1, "{}", out.stderr);
-    assert!(out.stderr.contains("no NVIDIA driver"), "{}", out.stderr);
+    (out.status.code().unwrap_or(-1), out.stdout, out.stderr)
+}
+
+#[test]
+fn a_host_without_gpus_gets_a_plan_without_gpus() {
+    for no_gpu in ["no driver", "no GPU"] {
+        let (code, stdout, stderr) = plan_without_gpus(no_gpu, &["--nproc-per-node", "3"]);
+        assert_eq!(code, 0, "{no_gpu}: {stdout}{stderr}");
+        assert!(stdout.starts_with("no GPU placement: "), "{no_gpu}: {stdout}");
+        assert!(stdout.contains("CUDA_VISIBLE_DEVICES not set"), "{stdout}");
+        let rows: Vec<Vec<&str>> = stdout.lines().skip(3).map(|l| l.split_whitespace().collect()).collect();
+        assert_eq!(rows.len(), 3, "{stdout}");
+        for (i, r) in rows.iter().enumerate() {
+            assert_eq!(r[..6], [i.to_string().as_str(), "-", "-", "-", "-", "-"], "{stdout}");
+            assert!(r[7] == "(inherited)", "the CPUs workers inherit are shown: {stdout}");
+        }
+
+        let (code, stdout, stderr) = plan_without_gpus(no_gpu, &["--format", "json"]);
+        assert_eq!(code, 0, "{stderr}");
+        let p: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+        assert_eq!(ranks(&p).len(), 1, "the launcher's default, one worker: {p}");
+        assert!(ranks(&p)[0]["gpu_index"].is_null() && !cpus(&ranks(&p)[0]).is_empty(), "{p}");
+
+        for bad in [&["--nproc-per-node", "gpu"][..], &["--numa-binding", "node"], &["--gpus", "0"]] {
+            let (code, _, stderr) = plan_without_gpus(no_gpu, bad);
+            assert_eq!((code, stderr.lines().count()), (2, 1), "{bad:?}: {stderr}");
+            assert!(stderr.contains(bad[0]), "{stderr}");
+        }
+    }
+}
+
+#[test]
+fn a_lost_gpu_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = std::fs::read_to_string(fake_nvml::fixture(PCIE.config)).expect("fixture");
+    let mut config: Value = serde_json::from_str(&text).expect("fixture JSON");
+    config["gpus"][2]["lost"] = Value::Bool(true);
+    config["events_file"] = Value::Null;
+    let path = dir.path().join("lost.json");
+    std::fs::write(&path, config.to_string()).expect("config");
+    let mut cmd = common::muster();
+    cmd.args(["plan"])
+        .env("MUSTER_NVML_LIBRARY", fake_nvml::library())
+        .env("FAKE_NVML_CONFIG", &path)
+        .env("MUSTER_SYSFS_ROOT", fake_nvml::fixture(PCIE.sysfs));
+    let out = common::run(&mut cmd, Duration::from_secs(30));
+    assert_eq!(out.status.code(), Some(1), "{}{}", out.stdout, out.stderr);
+    assert!(out.stderr.contains("GPU 2 fell off the bus"), "{}", out.stderr);
 }

@@ -43,6 +43,8 @@ pub struct RawConfig {
     pub status_file: Option<String>,
     #[serde(default)]
     pub init_error: Option<Value>,
+    #[serde(default)]
+    pub attach_processes: bool,
 }
 
 fn default_driver() -> String {
@@ -317,6 +319,8 @@ pub struct GpuModel {
     pub cuda_cc: [i32; 2],
     pub recovery_action: u32,
     pub lost: bool,
+    /// Set by `lost <gpu> stall=N`: every call on the lost GPU sleeps this long before answering.
+    pub stall: Option<std::time::Duration>,
     /// Active NVLinks, link index = position. `None` means the GPU has no NVLink at all
     /// (every NVLink query answers NOT_SUPPORTED).
     pub links: Option<Vec<Remote>>,
@@ -335,6 +339,8 @@ pub struct Model {
     pub events_file: Option<PathBuf>,
     pub status_file: Option<PathBuf>,
     pub init_error: Option<u32>,
+    /// Also list the live processes whose environment binds them to a GPU (see `procs`).
+    pub attach_processes: bool,
 }
 
 fn event_bit(v: &Value) -> Result<u64, String> {
@@ -509,6 +515,7 @@ impl Model {
                 cuda_cc: g.cuda_compute_capability,
                 recovery_action: g.recovery_action,
                 lost: g.lost,
+                stall: None,
                 links: None,
             });
         }
@@ -603,6 +610,7 @@ impl Model {
             events_file: raw.events_file.as_deref().map(|p| resolve(dir, p)),
             status_file: raw.status_file.as_deref().map(|p| resolve(dir, p)),
             init_error,
+            attach_processes: raw.attach_processes,
         })
     }
 }

@@ -1,7 +1,11 @@
 //! Global runtime state: the loaded model, event sets, and the events-file reader.
 
 use crate::config::{Model, EV_DBE, EV_SBE, EV_XID};
+use crate::incident::{self, Effect, Kill, Line, Remap};
+use crate::procs;
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::{Mutex, MutexGuard};
@@ -28,7 +32,11 @@ pub struct State {
     pub next_set: u64,
     offset: u64,
     debug: bool,
+    /// Which init this state belongs to: timers started under an earlier one do nothing.
+    epoch: u64,
 }
+
+static EPOCHS: AtomicU64 = AtomicU64::new(0);
 
 /// The one global state; `None` while NVML is not initialised.
 pub static STATE: Mutex<Option<State>> = Mutex::new(None);
@@ -46,6 +54,7 @@ impl State {
             next_set: 1,
             offset: 0,
             debug: std::env::var_os("FAKE_NVML_DEBUG").is_some_and(|v| !v.is_empty() && v != "0"),
+            epoch: EPOCHS.fetch_add(1, Ordering::Relaxed),
         };
         st.status("init");
         st
@@ -114,97 +123,127 @@ impl State {
         ));
     }
 
-    pub fn apply_line(&mut self, line: &str) {
-        let line = line.trim();
-        if line.is_empty() || line.starts_with('#') {
-            return;
+    pub fn apply_line(&mut self, text: &str) {
+        let line = match incident::parse(text, self.model.gpus.len()) {
+            Ok(Some(line)) => line,
+            Ok(None) => return,
+            Err(()) => return self.status(&format!("malformed {}", text.trim())),
+        };
+        let text = text.trim();
+        if self.model.gpus[line.gpu].lost && !matches!(line.effect, Effect::NoProcess(_)) {
+            return self.status(&format!("ignored (gpu {} is lost) {text}", line.gpu));
         }
-        let t: Vec<&str> = line.split_whitespace().collect();
-        let num = |i: usize| t.get(i).and_then(|s| s.parse::<u64>().ok());
-        let gpu = num(1)
-            .map(|g| g as usize)
-            .filter(|g| *g < self.model.gpus.len());
-        let ok = match (t[0], gpu) {
-            (_, None) => false,
-            (cmd, Some(g)) if self.model.gpus[g].lost && cmd != "noprocess" => {
-                self.status(&format!("ignored (gpu {g} is lost) {line}"));
-                return;
+        self.status(&format!("applied {text}"));
+        let uuids: Vec<String> = self.model.gpus.iter().map(|g| g.uuid.clone()).collect();
+        match line.kill {
+            None => self.apply(&line),
+            Some(Kill::After(delay)) => {
+                self.apply(&line);
+                let gpu = line.gpu;
+                self.later(delay, move || kill(&uuids, gpu), |_, _| {});
             }
-            ("xid", Some(g)) => match num(2) {
-                Some(code) => {
-                    self.push_event(g, EV_XID, code);
-                    true
-                }
-                None => false,
-            },
-            ("dbe", Some(g)) => {
+            Some(Kill::Before(delay)) => {
+                let gpu = line.gpu;
+                // The kill runs at once on the helper thread; the effect follows `delay` later unless the GPU
+                // was lost meanwhile.
+                self.later(
+                    Duration::ZERO,
+                    move || {
+                        kill(&uuids, gpu);
+                        std::thread::sleep(delay);
+                    },
+                    move |st, ()| {
+                        if !st.model.gpus[line.gpu].lost {
+                            st.apply(&line);
+                        }
+                    },
+                );
+            }
+        }
+    }
+
+    /// The line's effect now, and its companion events on their own delays.
+    fn apply(&mut self, line: &Line) {
+        let g = line.gpu;
+        match line.effect {
+            Effect::Xid(code) => self.push_event(g, EV_XID, code),
+            Effect::Dbe => {
                 let e = &mut self.model.gpus[g].ecc;
                 e.volatile_dbe += 1;
                 e.aggregate_dbe += 1;
                 self.push_event(g, EV_DBE, 0);
-                true
             }
-            ("sbe", Some(g)) => {
+            Effect::Sbe => {
                 let e = &mut self.model.gpus[g].ecc;
                 e.volatile_sbe += 1;
                 e.aggregate_sbe += 1;
                 self.push_event(g, EV_SBE, 0);
-                true
             }
-            ("lost", Some(g)) => {
+            Effect::Lost => {
                 self.push_event(g, EV_XID, 79);
                 self.model.gpus[g].lost = true;
-                true
+                self.model.gpus[g].stall = line.stall;
             }
-            ("process", Some(g)) => match (num(2), num(3)) {
-                (Some(pid), Some(bytes)) if pid <= u32::MAX as u64 => {
-                    let procs = &mut self.model.gpus[g].processes;
-                    procs.retain(|p| p.0 != pid as u32);
-                    procs.push((pid as u32, bytes));
-                    true
-                }
-                _ => false,
-            },
-            ("noprocess", Some(g)) => match num(2) {
-                Some(pid) => {
-                    self.model.gpus[g].processes.retain(|p| p.0 as u64 != pid);
-                    true
-                }
-                None => false,
-            },
-            ("recovery", Some(g)) => match num(2) {
-                Some(a) if a <= u32::MAX as u64 => {
-                    self.model.gpus[g].recovery_action = a as u32;
-                    true
-                }
-                _ => false,
-            },
-            ("remap", Some(g)) => {
-                let e = &mut self.model.gpus[g].ecc;
-                match t.get(2).copied() {
-                    Some("pending") => {
-                        e.remap_pending = true;
-                        e.remapped_unc += 1;
-                        true
-                    }
-                    Some("failure") => {
-                        e.remap_failure = true;
-                        true
-                    }
-                    Some("clear") => {
-                        e.remap_pending = false;
-                        e.remap_failure = false;
-                        true
-                    }
-                    _ => false,
-                }
+            Effect::Process { pid, bytes } => {
+                let procs = &mut self.model.gpus[g].processes;
+                procs.retain(|p| p.0 != pid);
+                procs.push((pid, bytes));
             }
-            _ => false,
-        };
-        if ok {
-            self.status(&format!("applied {line}"));
-        } else {
-            self.status(&format!("malformed {line}"));
+            Effect::NoProcess(pid) => self.model.gpus[g].processes.retain(|p| u64::from(p.0) != pid),
+            Effect::Recovery(a) => self.model.gpus[g].recovery_action = a,
+            Effect::Remap(r) => self.remap(g, r),
         }
+        if let Some(r) = line.remap {
+            self.remap(g, r);
+        }
+        for &(code, delay) in &line.companions {
+            self.later(delay, || {}, move |st, ()| st.push_event(g, EV_XID, code));
+        }
+    }
+
+    fn remap(&mut self, gpu: usize, r: Remap) {
+        let e = &mut self.model.gpus[gpu].ecc;
+        match r {
+            Remap::Pending => {
+                e.remap_pending = true;
+                e.remapped_unc += 1;
+            }
+            Remap::Failure => e.remap_failure = true,
+            Remap::Clear => {
+                e.remap_pending = false;
+                e.remap_failure = false;
+            }
+        }
+    }
+
+    /// On a helper thread (so it happens even if nobody calls NVML): sleeps `delay`, runs `work` without the
+    /// lock, then `then` on the state, if NVML was not shut down or re-initialised meanwhile.
+    fn later<T: 'static>(
+        &self,
+        delay: Duration,
+        work: impl FnOnce() -> T + Send + 'static,
+        then: impl FnOnce(&mut State, T) + Send + 'static,
+    ) {
+        let epoch = self.epoch;
+        let spawned = std::thread::Builder::new().name("fake-nvml-timer".into()).spawn(move || {
+            std::thread::sleep(delay);
+            let out = work();
+            let mut g = lock();
+            if let Some(st) = g.as_mut().filter(|st| st.epoch == epoch) {
+                then(st, out);
+            }
+        });
+        if let Err(e) = spawned {
+            self.status(&format!("cannot start a timer thread: {e}"));
+        }
+    }
+}
+
+/// SIGKILLs the GPU's attached processes and records it in the status file.
+fn kill(uuids: &[String], gpu: usize) {
+    let pids = procs::kill_attached(uuids, gpu);
+    let list: Vec<String> = pids.iter().map(u32::to_string).collect();
+    if let Some(st) = lock().as_ref() {
+        st.status(&format!("killed {gpu} pids=[{}]", list.join(",")));
     }
 }

@@ -3,7 +3,10 @@
 //! The library keeps one global state per process, so the tests here take a lock and each one
 //! initialises NVML from its own config (the state is rebuilt when the refcount returns to 0).
 
+mod common;
 mod support;
+
+use common::{init, init_err, Env};
 
 use nvml_wrapper::bitmasks::event::EventTypes;
 use nvml_wrapper::enum_wrappers::device::{
@@ -13,76 +16,8 @@ use nvml_wrapper::enums::device::SampleValue;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::struct_wrappers::device::FieldValueSample;
 use nvml_wrapper::structs::device::FieldId;
-use nvml_wrapper::Nvml;
-use std::io::Write;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-static SERIAL: Mutex<()> = Mutex::new(());
-
-struct Env {
-    _guard: std::sync::MutexGuard<'static, ()>,
-    dir: PathBuf,
-}
-
-impl Env {
-    /// Takes the process-wide lock and points the fake at `config` (events/status files in a
-    /// fresh temp dir).
-    fn new(tag: &str, config: &Path) -> Env {
-        let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-        let dir = std::env::temp_dir().join(format!("fake-nvml-test-{}-{tag}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("events"), "").unwrap();
-        std::env::set_var("FAKE_NVML_CONFIG", config);
-        std::env::set_var("FAKE_NVML_EVENTS_FILE", dir.join("events"));
-        std::env::set_var("FAKE_NVML_STATUS_FILE", dir.join("status"));
-        Env { _guard: guard, dir }
-    }
-
-    fn with_json(tag: &str, json: &str) -> Env {
-        let env = Env::new(tag, Path::new("/nonexistent"));
-        let cfg = env.dir.join("config.json");
-        std::fs::write(&cfg, json).unwrap();
-        std::env::set_var("FAKE_NVML_CONFIG", &cfg);
-        env
-    }
-
-    fn inject(&self, line: &str) {
-        let mut f = std::fs::OpenOptions::new()
-            .append(true)
-            .open(self.dir.join("events"))
-            .unwrap();
-        writeln!(f, "{line}").unwrap();
-    }
-
-    fn status(&self) -> String {
-        std::fs::read_to_string(self.dir.join("status")).unwrap_or_default()
-    }
-}
-
-impl Drop for Env {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn init() -> Nvml {
-    let lib = support::library();
-    Nvml::builder()
-        .lib_path(lib.as_os_str())
-        .init()
-        .expect("fake NVML init")
-}
-
-fn init_err() -> NvmlError {
-    let lib = support::library();
-    match Nvml::builder().lib_path(lib.as_os_str()).init() {
-        Ok(_) => panic!("init should fail"),
-        Err(e) => e,
-    }
-}
 
 const SMALL: &str = r#"{
   "driver_version": "570.86.15",

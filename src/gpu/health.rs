@@ -18,7 +18,7 @@ use nvml_wrapper::{Device, Nvml};
 use tokio::sync::mpsc;
 
 use super::xid::{Action, FaultKind, Policy};
-use super::GpuInfo;
+use super::{answer, GpuInfo, LostGpu, NVML_ANSWER_DEADLINE};
 
 /// How long one `wait` blocks before the thread checks for shutdown and reads counters.
 const WAIT_MS: u32 = 200;
@@ -68,6 +68,77 @@ impl Watcher {
     }
 }
 
+/// What one GPU's watcher observed in one step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Seen {
+    /// An event: its XID code when it is an XID event (`Some(None)`: NVML said "unknown"), and whether it
+    /// carries a double-bit ECC error.
+    Event { xid: Option<Option<u64>>, dbe: bool },
+    /// The periodic read: volatile uncorrected ECC errors (None: the read failed other than GpuLost), row
+    /// remapping failed, the driver's recovery action.
+    Counters { uncorrected: Option<u64>, remap_failed: bool, recovery: u32 },
+    /// NVML said the GPU is lost (any call).
+    Lost,
+}
+
+/// One GPU's watch state: turns what was seen into the faults to report. Pure, so that what the watcher
+/// reports is tested as a table. It reports every fault, whatever the policy will do about it, and stops
+/// only when the GPU stops answering (after reporting that once).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct Tracker {
+    dbe_seen: u64,
+    remap_failed: bool,
+    recovery: u32,
+    lost: bool,
+}
+
+impl Tracker {
+    fn new(uncorrected: u64) -> Tracker {
+        Tracker { dbe_seen: uncorrected, ..Tracker::default() }
+    }
+
+    fn stopped(&self) -> bool {
+        self.lost
+    }
+
+    fn observe(&mut self, seen: Seen) -> Vec<FaultKind> {
+        if self.lost {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        match seen {
+            Seen::Event { xid, dbe } => {
+                out.extend(xid.map(FaultKind::Xid));
+                if dbe {
+                    // The counter read that follows must not report this error a second time.
+                    self.dbe_seen += 1;
+                    out.push(FaultKind::DoubleBitEcc);
+                }
+            }
+            Seen::Counters { uncorrected, remap_failed, recovery } => {
+                if let Some(n) = uncorrected {
+                    if n > self.dbe_seen {
+                        out.push(FaultKind::DoubleBitEcc);
+                    }
+                    self.dbe_seen = self.dbe_seen.max(n);
+                }
+                if remap_failed && !self.remap_failed {
+                    out.push(FaultKind::RemapFailure);
+                }
+                if recovery != self.recovery && recovery != 0 {
+                    out.push(FaultKind::RecoveryAction(recovery));
+                }
+                (self.remap_failed, self.recovery) = (remap_failed, recovery);
+            }
+            Seen::Lost => {
+                self.lost = true;
+                out.push(FaultKind::Lost);
+            }
+        }
+        out
+    }
+}
+
 fn watch_one(nvml: &'static Nvml, gpu: GpuInfo, policy: &Policy, tx: &mpsc::UnboundedSender<Fault>, stop: &AtomicBool) {
     let report = |kind: FaultKind| {
         let action = policy.action(kind);
@@ -79,30 +150,14 @@ fn watch_one(nvml: &'static Nvml, gpu: GpuInfo, policy: &Policy, tx: &mpsc::Unbo
         Err(NvmlError::GpuLost) => return report(FaultKind::Lost),
         Err(e) => return tracing::warn!(gpu = gpu.index, "cannot watch GPU: {e}"),
     };
-    let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
-    let mask = device.supported_event_types().map(|s| s & wanted).unwrap_or(EventTypes::empty());
-    let set = match nvml.create_event_set() {
-        Ok(set) if !mask.is_empty() => match device.register_events(mask, set) {
-            Ok(set) => Some(set),
-            Err(e) => {
-                tracing::warn!(gpu = gpu.index, "cannot register GPU events ({}); counters only", e.error);
-                None
-            }
-        },
-        Ok(_) => {
-            tracing::info!(gpu = gpu.index, "this GPU reports no XID or ECC events; counters only");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(gpu = gpu.index, "cannot create an NVML event set ({e}); counters only");
-            None
-        }
+    let set = event_set(nvml, &device, gpu.index);
+    let mut tracker = match uncorrected(&device) {
+        Ok(n) => Tracker::new(n),
+        Err(NvmlError::GpuLost) => return report(FaultKind::Lost),
+        Err(_) => Tracker::new(0),
     };
-    tracing::debug!(gpu = gpu.index, events = ?mask, "watching GPU");
-    let mut dbe_seen = uncorrected(&device).unwrap_or(0);
-    let (mut remap_failed, mut recovery) = (false, 0u32);
     let mut last_read = Instant::now();
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.load(Ordering::Relaxed) && !tracker.stopped() {
         let waited = match &set {
             Some(set) => set.wait(WAIT_MS),
             None => {
@@ -110,50 +165,63 @@ fn watch_one(nvml: &'static Nvml, gpu: GpuInfo, policy: &Policy, tx: &mpsc::Unbo
                 Err(NvmlError::Timeout)
             }
         };
-        match waited {
-            Ok(event) => {
-                if event.event_type.contains(EventTypes::CRITICAL_XID_ERROR) {
-                    let code = match event.event_data {
-                        Some(XidError::Value(x)) => Some(x),
-                        _ => None,
-                    };
-                    report(FaultKind::Xid(code));
-                    if code == Some(79) {
-                        return;
-                    }
-                }
-                if event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR) {
-                    dbe_seen = uncorrected(&device).unwrap_or(dbe_seen + 1);
-                    report(FaultKind::DoubleBitEcc);
-                }
-            }
-            Err(NvmlError::Timeout) => {}
-            Err(NvmlError::GpuLost) => return report(FaultKind::Lost),
+        let seen = match waited {
+            Ok(event) => Some(Seen::Event {
+                xid: event.event_type.contains(EventTypes::CRITICAL_XID_ERROR).then_some(match event.event_data {
+                    Some(XidError::Value(x)) => Some(x),
+                    _ => None,
+                }),
+                dbe: event.event_type.contains(EventTypes::DOUBLE_BIT_ECC_ERROR),
+            }),
+            Err(NvmlError::Timeout) => None,
+            Err(NvmlError::GpuLost) => Some(Seen::Lost),
             Err(e) => {
                 tracing::warn!(gpu = gpu.index, "NVML event wait failed: {e}");
                 std::thread::sleep(Duration::from_millis(u64::from(WAIT_MS)));
+                None
             }
-        }
-        if last_read.elapsed() >= COUNTER_PERIOD {
+        };
+        seen.into_iter().flat_map(|s| tracker.observe(s)).for_each(report);
+        if last_read.elapsed() >= COUNTER_PERIOD && !tracker.stopped() {
             last_read = Instant::now();
-            match uncorrected(&device) {
-                Ok(n) if n > dbe_seen => {
-                    dbe_seen = n;
-                    report(FaultKind::DoubleBitEcc);
-                }
-                Err(NvmlError::GpuLost) => return report(FaultKind::Lost),
-                _ => {}
-            }
-            let (failed, action) = remap_and_recovery(&device);
-            if failed && !remap_failed {
-                report(FaultKind::RemapFailure);
-            }
-            if action != recovery && action != 0 {
-                report(FaultKind::RecoveryAction(action));
-            }
-            (remap_failed, recovery) = (failed, action);
+            tracker.observe(counters(&device)).into_iter().for_each(report);
         }
     }
+}
+
+/// An event set registered for this GPU's XID and double-bit ECC events (None: counters only).
+fn event_set<'n>(nvml: &'n Nvml, device: &Device<'n>, index: u32) -> Option<nvml_wrapper::EventSet<'n>> {
+    let wanted = EventTypes::CRITICAL_XID_ERROR | EventTypes::DOUBLE_BIT_ECC_ERROR;
+    let mask = device.supported_event_types().map(|s| s & wanted).unwrap_or(EventTypes::empty());
+    tracing::debug!(gpu = index, events = ?mask, "watching GPU");
+    match nvml.create_event_set() {
+        Ok(set) if !mask.is_empty() => match device.register_events(mask, set) {
+            Ok(set) => Some(set),
+            Err(e) => {
+                tracing::warn!(gpu = index, "cannot register GPU events ({}); counters only", e.error);
+                None
+            }
+        },
+        Ok(_) => {
+            tracing::info!(gpu = index, "this GPU reports no XID or ECC events; counters only");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(gpu = index, "cannot create an NVML event set ({e}); counters only");
+            None
+        }
+    }
+}
+
+/// The periodic read of what has no event. A GPU that no longer answers is [`Seen::Lost`].
+fn counters(device: &Device) -> Seen {
+    let uncorrected = match uncorrected(device) {
+        Ok(n) => Some(n),
+        Err(NvmlError::GpuLost) => return Seen::Lost,
+        Err(_) => None,
+    };
+    let (remap_failed, recovery) = remap_and_recovery(device);
+    Seen::Counters { uncorrected, remap_failed, recovery }
 }
 
 /// NVML field ids: row-remap failure, and the driver's recovery action (read where supported).
@@ -189,44 +257,128 @@ fn uncorrected(device: &Device) -> Result<u64, NvmlError> {
     }
 }
 
+/// Why workers cannot be started on their GPUs.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpawnCheckError {
+    /// A GPU stopped answering (NVML said lost, or a call did not return in time): a drain-class GPU fault.
+    #[error(transparent)]
+    GpuLost(#[from] LostGpu),
+    /// Another process holds the GPU after the whole wait.
+    #[error(
+        "GPU {} ({}, {}) is still used by process {pid} after {waited:?}; stop that process or exclude the GPU",
+        gpu.index, gpu.uuid, gpu.pci_bus_id
+    )]
+    Busy { gpu: GpuInfo, pid: u32, waited: Duration },
+    /// An NVML call on the GPU failed otherwise.
+    #[error("GPU {} ({}) cannot be checked: {reason}", gpu.index, gpu.uuid)]
+    Nvml { gpu: GpuInfo, reason: String },
+}
+
 /// Before a spawn: every GPU the workers will use answers, and holds no compute process (the previous
-/// attempt's may take a moment to release their memory; anyone else's is an error naming it).
-pub async fn check_before_spawn(nvml: &'static Nvml, gpus: &[GpuInfo], wait: Duration) -> Result<(), String> {
+/// attempt's may take a moment to release their memory; anyone else's after `wait` is [`SpawnCheckError::Busy`]).
+/// Each GPU's NVML calls are bounded by [`NVML_ANSWER_DEADLINE`], so a stalled GPU cannot hang the agent.
+pub async fn check_before_spawn(nvml: &'static Nvml, gpus: &[GpuInfo], wait: Duration) -> Result<(), SpawnCheckError> {
     let deadline = tokio::time::Instant::now() + wait;
-    let gpus = gpus.to_vec();
     loop {
-        let gpus = gpus.clone();
-        let busy = tokio::task::spawn_blocking(move || busy_gpus(nvml, &gpus))
-            .await
-            .map_err(|e| format!("GPU check failed: {e}"))??;
-        let Some((gpu, pid)) = busy.into_iter().next() else { return Ok(()) };
+        let mut busy = None;
+        for gpu in gpus {
+            let g = gpu.clone();
+            if let Some(pid) = answer(gpu, NVML_ANSWER_DEADLINE, move || compute_process(nvml, &g)).await?? {
+                busy = Some((gpu, pid));
+                break;
+            }
+        }
+        let Some((gpu, pid)) = busy else { return Ok(()) };
         if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "GPU {} ({}, {}) is still used by process {pid} after {wait:?}; stop that process or exclude the GPU",
-                gpu.index, gpu.uuid, gpu.pci_bus_id
-            ));
+            return Err(SpawnCheckError::Busy { gpu: gpu.clone(), pid, waited: wait });
         }
         tracing::info!(gpu = gpu.index, pid, "GPU still holds a compute process; waiting before starting workers");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
-/// GPUs that hold a compute process, with one of its PIDs; an error for a GPU that does not answer.
-fn busy_gpus(nvml: &Nvml, gpus: &[GpuInfo]) -> Result<Vec<(GpuInfo, u32)>, String> {
-    let mut busy = Vec::new();
-    for gpu in gpus {
-        let lost = |e: NvmlError| format!("GPU {} ({}) does not answer: {e}", gpu.index, gpu.uuid);
-        let device = nvml.device_by_index(gpu.index).map_err(lost)?;
-        device.uuid().map_err(lost)?;
-        match device.running_compute_processes() {
-            Ok(procs) => {
-                if let Some(p) = procs.first() {
-                    busy.push((gpu.clone(), p.pid));
-                }
-            }
-            Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => {}
-            Err(e) => return Err(lost(e)),
+/// One compute process on `gpu` (None: none, or NVML cannot list them); an error when the GPU does not answer.
+fn compute_process(nvml: &Nvml, gpu: &GpuInfo) -> Result<Option<u32>, SpawnCheckError> {
+    let failed = |e: NvmlError| match LostGpu::from_nvml(&e, gpu.index, Some(&gpu.uuid)) {
+        Some(lost) => SpawnCheckError::GpuLost(lost),
+        None => SpawnCheckError::Nvml { gpu: gpu.clone(), reason: e.to_string() },
+    };
+    let device = nvml.device_by_index(gpu.index).map_err(failed)?;
+    device.uuid().map_err(failed)?;
+    match device.running_compute_processes() {
+        Ok(procs) => Ok(procs.first().map(|p| p.pid)),
+        Err(NvmlError::NotSupported) | Err(NvmlError::FailedToLoadSymbol(_)) => Ok(None),
+        Err(e) => Err(failed(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const QUIET: Seen = Seen::Counters { uncorrected: Some(0), remap_failed: false, recovery: 0 };
+
+    fn xid(code: u64) -> Seen {
+        Seen::Event { xid: Some(Some(code)), dbe: false }
+    }
+
+    /// What was reported after one step, and whether the watcher still watches.
+    type Step<'a> = (&'a [FaultKind], bool);
+
+    /// Feeds `seen` in order; each step's [`Step`].
+    fn run(seen: &[Seen]) -> Vec<(Vec<FaultKind>, bool)> {
+        let mut t = Tracker::new(0);
+        seen.iter().map(|s| (t.observe(*s), !t.stopped())).collect()
+    }
+
+    #[test]
+    fn the_watcher_reports_every_fault_and_stops_only_when_the_gpu_is_lost() {
+        use FaultKind::*;
+        let dbe = Seen::Event { xid: None, dbe: true };
+        let counters = |n: u64| Seen::Counters { uncorrected: Some(n), remap_failed: false, recovery: 0 };
+        let cases: &[(&str, &[Seen], &[Step])] = &[
+            (
+                "XID 79 keeps the watch (the policy may ignore it); GpuLost ends it, reported once",
+                &[xid(79), QUIET, xid(13), Seen::Lost, Seen::Lost, xid(48)],
+                &[(&[Xid(Some(79))], true), (&[], true), (&[Xid(Some(13))], true), (&[Lost], false), (&[], false), (&[], false)],
+            ),
+            (
+                "a DBE event and the counter that counts it are one fault; a later rise is another",
+                &[dbe, counters(1), counters(1), counters(3)],
+                &[(&[DoubleBitEcc], true), (&[], true), (&[], true), (&[DoubleBitEcc], true)],
+            ),
+            (
+                "an XID and a DBE in one event are both reported",
+                &[Seen::Event { xid: Some(None), dbe: true }],
+                &[(&[Xid(None), DoubleBitEcc], true)],
+            ),
+            (
+                "remap failure once while it lasts; a recovery action each time it changes to non-zero",
+                &[
+                    Seen::Counters { uncorrected: None, remap_failed: true, recovery: 2 },
+                    Seen::Counters { uncorrected: None, remap_failed: true, recovery: 2 },
+                    Seen::Counters { uncorrected: None, remap_failed: false, recovery: 0 },
+                    Seen::Counters { uncorrected: None, remap_failed: true, recovery: 4 },
+                ],
+                &[(&[RemapFailure, RecoveryAction(2)], true), (&[], true), (&[], true), (&[RemapFailure, RecoveryAction(4)], true)],
+            ),
+        ];
+        for (name, seen, want) in cases {
+            let got = run(seen);
+            let want: Vec<(Vec<FaultKind>, bool)> = want.iter().map(|(f, w)| (f.to_vec(), *w)).collect();
+            assert_eq!(got, want, "{name}");
         }
     }
-    Ok(busy)
+
+    #[test]
+    fn check_errors_say_what_to_do() {
+        let gpu = GpuInfo { index: 1, uuid: "GPU-1".into(), pci_bus_id: "00000000:2A:00.0".into(), name: "H100".into(), memory_total: 0 };
+        let busy = SpawnCheckError::Busy { gpu: gpu.clone(), pid: 77, waited: Duration::from_secs(5) };
+        assert_eq!(
+            busy.to_string(),
+            "GPU 1 (GPU-1, 00000000:2A:00.0) is still used by process 77 after 5s; stop that process or exclude the GPU"
+        );
+        let lost = LostGpu { index: 1, uuid: Some("GPU-1".into()), reason: super::super::LostReason::NoAnswer(NVML_ANSWER_DEADLINE) };
+        assert_eq!(SpawnCheckError::from(lost).to_string(), "GPU 1 (GPU-1) did not answer NVML within 5s");
+    }
 }
