@@ -3,84 +3,12 @@
 
 mod common;
 
-#[path = "../fake-nvml/tests/support/mod.rs"]
-mod fake_nvml;
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use common::cluster::*;
+use common::gpus::FakeNode;
 use common::*;
-
-/// A node's fake GPUs: its config, the file faults are injected through, and the fake's status log.
-struct FakeNode {
-    config: PathBuf,
-    events: PathBuf,
-    status: PathBuf,
-}
-
-impl FakeNode {
-    /// `gpus` H100s; `busy` lists (gpu, pid) compute processes that are already there.
-    fn new(dir: &Path, name: &str, gpus: usize, busy: &[(usize, u32)]) -> FakeNode {
-        let node = FakeNode {
-            config: dir.join(format!("{name}-nvml.json")),
-            events: dir.join(format!("{name}-events")),
-            status: dir.join(format!("{name}-status")),
-        };
-        let list: Vec<serde_json::Value> = (0..gpus)
-            .map(|i| {
-                let procs: Vec<serde_json::Value> = busy
-                    .iter()
-                    .filter(|(g, _)| *g == i)
-                    .map(|(_, pid)| serde_json::json!({"pid": pid, "used_gpu_memory": 1_048_576}))
-                    .collect();
-                serde_json::json!({
-                    "uuid": format!("GPU-{name}{i:07}-0000-0000-0000-000000000000"),
-                    "name": "NVIDIA H100 80GB HBM3",
-                    "pci_bus_id": format!("00000000:{:02x}:00.0", 0x18 + i * 0x10),
-                    "memory_total": 85_899_345_920u64,
-                    "numa_node": 0,
-                    "cpu_affinity": [0, 1],
-                    "supported_events": ["xid", "dbe", "sbe"],
-                    "processes": procs,
-                })
-            })
-            .collect();
-        let topology: Vec<Vec<String>> =
-            (0..gpus).map(|i| (0..gpus).map(|j| if i == j { "X".into() } else { "NV18".into() }).collect()).collect();
-        let cfg = serde_json::json!({"driver_version": "570.86.15", "gpus": list, "topology": topology});
-        std::fs::write(&node.config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
-        std::fs::write(&node.events, "").unwrap();
-        node
-    }
-
-    /// The fake also lists the workers bound to each GPU (`CUDA_VISIBLE_DEVICES[LOCAL_RANK]`) as its compute
-    /// processes, and `kill=` modifiers reach them.
-    fn attach_workers(self) -> FakeNode {
-        let mut cfg: serde_json::Value = serde_json::from_slice(&std::fs::read(&self.config).unwrap()).unwrap();
-        cfg["attach_processes"] = serde_json::Value::Bool(true);
-        std::fs::write(&self.config, serde_json::to_vec_pretty(&cfg).unwrap()).unwrap();
-        self
-    }
-
-    fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("MUSTER_NVML_LIBRARY", fake_nvml::library().display().to_string()),
-            ("FAKE_NVML_CONFIG", self.config.display().to_string()),
-            ("FAKE_NVML_EVENTS_FILE", self.events.display().to_string()),
-            ("FAKE_NVML_STATUS_FILE", self.status.display().to_string()),
-        ]
-    }
-
-    /// Waits until the agent's watcher has registered for events on `gpu`, then injects `line`.
-    fn inject(&self, gpu: usize, line: &str) {
-        let registered = format!("registered {gpu} ");
-        let ok = eventually(LONG, || std::fs::read_to_string(&self.status).unwrap_or_default().contains(&registered));
-        assert!(ok, "GPU {gpu} was never registered for events: {:?}", std::fs::read_to_string(&self.status));
-        let mut events = std::fs::OpenOptions::new().append(true).open(&self.events).unwrap();
-        std::io::Write::write_all(&mut events, format!("{line}\n").as_bytes()).unwrap();
-    }
-}
 
 fn agent_args(nnodes: &str, nproc: &str, endpoint: &str, conf: &str, extra: &[&str], dir: &Path) -> Vec<String> {
     let mut a: Vec<String> = vec![
@@ -154,7 +82,7 @@ fn xid_13_restarts_the_group_and_spends_a_restart() {
 #[test]
 fn an_xid_whose_worker_dies_first_restarts_the_group_on_the_same_gpus() {
     let dir = tempfile::tempdir().unwrap();
-    let gpus = FakeNode::new(dir.path(), "a", 2, &[]).attach_workers();
+    let gpus = FakeNode::with(dir.path(), "a", 2, &[], true);
     let mut a = Agent::start_with_env(
         "a",
         &agent_args("1", "2", "127.0.0.1:0", "is_host=1", &["--max-restarts=3"], dir.path()),

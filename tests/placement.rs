@@ -6,8 +6,7 @@
 
 mod common;
 
-#[path = "../fake-nvml/tests/support/mod.rs"]
-mod fake_nvml;
+use common::fake_nvml;
 
 use std::path::Path;
 use std::time::Duration;

@@ -2,8 +2,7 @@
 //! fixtures' fake sysfs trees (2 sockets × 8 cores × 2 threads; node0 = 0-7,16-23, node1 = 8-15,24-31).
 
 mod common;
-#[path = "../fake-nvml/tests/support/mod.rs"]
-mod fake_nvml;
+use common::fake_nvml;
 
 use std::collections::BTreeSet;
 use std::time::Duration;

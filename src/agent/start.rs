@@ -11,6 +11,7 @@ use super::state::Input;
 use super::AgentError;
 use crate::config::LaunchConfig;
 use crate::gpu::health::{self, Fault};
+use crate::gpu::placement::PlacementError;
 use crate::gpu::topology::Plan;
 use crate::gpu::xid::FaultKind;
 use crate::gpu::GpuInfo;
@@ -37,12 +38,11 @@ pub async fn place(
     strict: bool,
 ) -> Result<Option<Plan>, PlaceError> {
     let cfg = cfg.clone();
-    let task = tokio::task::spawn_blocking(move || cfg.placement(nproc, &excluded, strict));
+    let task = tokio::task::spawn_blocking(move || cfg.placement_strict(nproc, &excluded, strict));
     match tokio::time::timeout(PLACEMENT_TIMEOUT, task).await {
         Ok(Ok(Ok(Some(plan)))) => Ok(Some(plan)),
-        Ok(Ok(Ok(None))) if strict => Err(PlaceError::Other("GPU placement found no usable GPU".into())),
         Ok(Ok(Ok(None))) => Ok(None),
-        Ok(Ok(Err(crate::gpu::PlacementError::Lost { index, .. }))) => Err(PlaceError::Lost(index)),
+        Ok(Ok(Err(PlacementError::GpuLost(lost)))) => Err(PlaceError::Lost(lost.index)),
         Ok(Ok(Err(e))) => Err(PlaceError::Other(e.to_string())),
         Ok(Err(e)) => Err(PlaceError::Other(format!("GPU placement task failed: {e}"))),
         Err(_) => Err(PlaceError::Other(format!("NVML did not answer the placement within {PLACEMENT_TIMEOUT:?}"))),
@@ -96,7 +96,7 @@ impl Work {
             let in_use: Vec<GpuInfo> = g.all.iter().filter(|gpu| used.contains(&gpu.index)).cloned().collect();
             match health::check_before_spawn(g.nvml, &in_use, self.cfg.gpu_wait_timeout).await {
                 Ok(()) => {}
-                Err(health::CheckError::Lost { index, .. }) => return Input::StartLost(self.lost_fault(index)),
+                Err(health::SpawnCheckError::GpuLost(lost)) => return Input::StartLost(self.lost_fault(lost.index)),
                 Err(e) => return Input::Failed(AgentError::Gpu(e.to_string())),
             }
         }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use nix::sys::signal::Signal;
 
 use crate::cli::Cli;
+use crate::gpu::placement::PlacementError;
 
 mod entrypoint;
 mod logs;
@@ -75,9 +76,16 @@ impl LaunchConfig {
         self.gpus.is_some() || self.numa_binding.is_some() || matches!(self.nproc_spec.as_str(), "gpu" | "auto")
     }
 
-    /// The GPU placement for `excluded` GPUs (None: no NVML, no GPU, or not applicable to this job).
-    pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
-        let plan = crate::plan::placement_for(
+    /// The GPU placement for `excluded` GPUs (None: no NVML, no GPU, or not applicable to this job). With
+    /// `strict` (a job whose workers were placed on GPUs before) every failure is an error: a GPU job never
+    /// silently becomes a job without placement.
+    pub fn placement_strict(
+        &self,
+        nproc: u32,
+        excluded: &BTreeSet<u32>,
+        strict: bool,
+    ) -> Result<Option<crate::gpu::topology::Plan>, PlacementError> {
+        let plan = crate::gpu::placement::placement_for(
             nproc,
             self.numa_binding.as_deref(),
             self.gpus.as_deref(),
@@ -85,16 +93,22 @@ impl LaunchConfig {
             self.virtual_local_rank,
         );
         match plan {
-            Ok(None) if self.numa_binding.is_some() || self.gpus.is_some() => Err(bad(
-                "'--numa-binding' and '--gpus' need NVIDIA GPUs, and NVML reports none on this node",
+            Ok(None) if strict => Err(PlacementError::System("NVML no longer reports the job's GPUs".into())),
+            Ok(None) if self.numa_binding.is_some() || self.gpus.is_some() => Err(PlacementError::Input(
+                "'--numa-binding' and '--gpus' need NVIDIA GPUs, and NVML reports none on this node".into(),
             )),
             Ok(plan) => Ok(plan),
-            Err(e) if self.wants_gpu_placement() => Err(bad(e)),
+            Err(e) if strict || self.wants_gpu_placement() => Err(e),
             Err(e) => {
                 tracing::info!("no GPU placement for this job: {e}");
                 Ok(None)
             }
         }
+    }
+
+    /// The first placement, checked before anything starts: an impossible one is bad input.
+    pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
+        self.placement_strict(nproc, excluded, false).map_err(|e| bad(e.to_string()))
     }
 
     /// Where agent events go (`--event-log-handler`).

@@ -26,7 +26,7 @@ const WAIT_MS: u32 = 200;
 const COUNTER_PERIOD: Duration = Duration::from_secs(1);
 
 /// A fault on one GPU and what the policy says to do.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Fault {
     pub gpu: GpuInfo,
     pub kind: FaultKind,
