@@ -246,8 +246,7 @@ impl Agent {
                 let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
                 work.spares.set_next_start_possible(next_start);
             }
-            let restart_count = state.restart_count;
-            let run = work.operate(op.clone(), restart_count);
+            let run = work.operate(op.clone(), state.restart_count, state.nproc());
             tokio::pin!(run);
             loop {
                 let input = tokio::select! {
@@ -285,9 +284,9 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
 }
 
 impl Work {
-    async fn operate(&mut self, op: Op, restart_count: u32) -> Input {
+    async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
         match op {
-            Op::Join { nproc } => self.join(nproc).await,
+            Op::Join => self.join(nproc).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
             Op::Stop(sig) => self.stop(sig).await,
@@ -328,7 +327,7 @@ impl Work {
             }
         };
         self.round = Some((round, endpoint.0, endpoint.1));
-        Input::Joined
+        Input::Joined { nproc }
     }
 
     async fn watch(&mut self) -> Input {

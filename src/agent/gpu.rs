@@ -28,15 +28,7 @@ pub fn on_fault(state: &mut State, phase: Phase, fault: Fault) -> (Phase, Vec<Ef
         (Phase::Running, Action::Drain) => (Phase::Stopping(Cause::Drain(fault.clone())), Verdict::Acted),
         (Phase::Stopping(c), Action::Drain) => (Phase::Stopping(c.merge(Cause::Drain(fault.clone()))), Verdict::Acted),
         (_, Action::Drain) => (Phase::Draining(fault.clone()), Verdict::Acted),
-        (phase, Action::Exclude) => {
-            state.excluded.insert(fault.gpu.index);
-            let next = match phase {
-                Phase::Running => Phase::Stopping(Cause::Exclude(fault.clone())),
-                Phase::Stopping(c) => Phase::Stopping(c.merge(Cause::Exclude(fault.clone()))),
-                _ => Phase::Reforming { open: true },
-            };
-            (next, Verdict::Acted)
-        }
+        (phase, Action::Exclude) => (exclude(state, phase, &fault), Verdict::Acted),
         (Phase::Running, Action::Restart) => {
             (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()) }), Verdict::Acted)
         }
@@ -47,6 +39,23 @@ pub fn on_fault(state: &mut State, phase: Phase, fault: Fault) -> (Phase, Vec<Ef
         (phase, Action::Restart | Action::Ignore) => (phase, Verdict::Absorbed),
     };
     (next, vec![Effect::Fault(Box::new(fault), verdict)])
+}
+
+/// Excludes the fault's GPU: a running group stops; a join in progress finishes and re-forms after (see
+/// `Op::Join`); a start re-forms at once. A restart the worker's death spent just before its GPU's event
+/// is refunded: one incident, one cause.
+fn exclude(state: &mut State, phase: Phase, fault: &Fault) -> Phase {
+    state.excluded.insert(fault.gpu.index);
+    if state.spent_by_last_stop && !matches!(phase, Phase::Running | Phase::Stopping(_)) {
+        state.restart_count = state.restart_count.saturating_sub(1);
+        state.spent_by_last_stop = false;
+    }
+    match phase {
+        Phase::Running => Phase::Stopping(Cause::Exclude(fault.clone())),
+        Phase::Stopping(c) => Phase::Stopping(c.merge(Cause::Exclude(fault.clone()))),
+        Phase::Starting => Phase::Reforming { open: true },
+        phase => phase,
+    }
 }
 
 /// Starting found a GPU the workers need not answering: as a fault on it, but the start is over, so a

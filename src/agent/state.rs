@@ -117,8 +117,9 @@ impl End {
 pub enum Input {
     Signal(Signal),
     Fault(Fault),
-    /// Joining: the round is sealed and the workers' store is known.
-    Joined,
+    /// Joining: the round is sealed and the workers' store is known; this node joined it with `nproc`
+    /// workers.
+    Joined { nproc: u32 },
     /// Joining: the membership changed before the group started.
     JoinChanged(RdzvEvent),
     /// Starting: the workers run; `gpus` are the GPUs they were placed on (None: no placement).
@@ -148,7 +149,7 @@ impl Input {
         match self {
             Input::Signal(_) => "signal",
             Input::Fault(_) => "fault",
-            Input::Joined => "joined",
+            Input::Joined { .. } => "joined",
             Input::JoinChanged(_) => "join_changed",
             Input::Started { .. } => "started",
             Input::StartLost(_) => "start_lost",
@@ -167,7 +168,9 @@ impl Input {
 /// What the driver runs for a phase. Equal ops across a step mean the running operation goes on.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Op {
-    Join { nproc: u32 },
+    /// Join with `State::nproc()` workers as it is when the join starts: a GPU excluded meanwhile lets the
+    /// join finish (dropping it halfway would leave this node's record in the round) and re-forms after.
+    Join,
     Start { nproc: u32, excluded: BTreeSet<u32> },
     Watch,
     Stop(Signal),
@@ -228,11 +231,21 @@ pub struct State {
     pub excluded: BTreeSet<u32>,
     /// GPUs the current (or last) workers were placed on; None: no placement (every GPU counts as used).
     pub in_use: Option<BTreeSet<u32>>,
+    /// The last stop spent a restart and no worker has started since: a GPU fault arriving now is the
+    /// cause of that stop (the worker died a moment before its GPU's event), so excluding the GPU refunds it.
+    pub spent_by_last_stop: bool,
 }
 
 impl State {
     pub fn new(job: Job) -> State {
-        State { job, phase: Phase::Joining, restart_count: 0, excluded: BTreeSet::new(), in_use: None }
+        State {
+            job,
+            phase: Phase::Joining,
+            restart_count: 0,
+            excluded: BTreeSet::new(),
+            in_use: None,
+            spent_by_last_stop: false,
+        }
     }
 
     /// Workers this node runs now.
@@ -259,7 +272,7 @@ impl State {
 
     pub fn op(&self) -> Op {
         match &self.phase {
-            Phase::Joining => Op::Join { nproc: self.nproc() },
+            Phase::Joining => Op::Join,
             Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
             Phase::Running => Op::Watch,
             Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig),
@@ -323,9 +336,11 @@ fn on_failed(phase: Phase, error: AgentError) -> Phase {
 /// The completions that need no cause-specific decision.
 fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
     match (phase, input) {
-        (Phase::Joining, Input::Joined) => Phase::Starting,
+        (Phase::Joining, Input::Joined { nproc }) if nproc == state.nproc() => Phase::Starting,
+        (Phase::Joining, Input::Joined { .. }) => Phase::Reforming { open: true },
         (Phase::Starting, Input::Started { gpus }) => {
             state.in_use = gpus;
+            state.spent_by_last_stop = false;
             Phase::Running
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),

@@ -52,7 +52,7 @@ fn inputs() -> Vec<(&'static str, Input)> {
         ("dbe-exclude", Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude))),
         ("xid13", Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart))),
         ("xid-ignored", Input::Fault(fault(1, FaultKind::Xid(Some(43)), Action::Ignore))),
-        ("joined", Input::Joined),
+        ("joined", Input::Joined { nproc: 4 }),
         ("join-changed", Input::JoinChanged(RdzvEvent::PeerLost("n".into()))),
         ("started", Input::Started { gpus: Some((0..4).collect()) }),
         ("start-lost", Input::StartLost(fault(3, FaultKind::Lost, Action::Drain))),
@@ -111,6 +111,8 @@ fn expected(phase: &str, input: &str) -> &'static str {
             p if p.starts_with("stopping") => stopping_cause(p),
             "draining" => "draining",
             p if p.starts_with("finishing") => "finishing",
+            // The join finishes first (it re-forms after, see the next test).
+            "joining" => "rendezvous",
             _ => "restarting",
         },
         (_, "xid13") => match phase {
@@ -266,7 +268,7 @@ fn xid79_after_its_worker_died_drains_in_every_phase_the_event_can_meet() {
             "stopping" => &[],
             "reforming" => &[|| Input::Stopped(vec![])],
             "joining" => &[|| Input::Stopped(vec![]), || Input::Reformed],
-            _ => &[|| Input::Stopped(vec![]), || Input::Reformed, || Input::Joined],
+            _ => &[|| Input::Stopped(vec![]), || Input::Reformed, || Input::Joined { nproc: 4 }],
         };
         inputs.extend(tail.iter().map(|f| f()));
         inputs.push(Input::Fault(fault(1, FaultKind::Lost, Action::Drain)));
@@ -324,4 +326,23 @@ fn a_round_changed_elsewhere_is_followed_not_opened() {
     state.phase = Phase::Joining;
     run(&mut state, vec![Input::JoinChanged(RdzvEvent::Closed)]);
     assert!(matches!(state.phase, Phase::Done(End::Error(_))));
+}
+
+#[test]
+fn a_gpu_excluded_while_joining_lets_the_join_finish_then_reforms_and_refunds_the_restart() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    // The worker on GPU 2 dies first (a restart is spent), its DBE arrives while the node rejoins.
+    run(&mut state, vec![Input::WorkerFailed(failure(2)), Input::Stopped(vec![]), Input::Reformed]);
+    assert_eq!(state.restart_count, 1);
+    run(&mut state, vec![Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude))]);
+    assert!(matches!(state.phase, Phase::Joining), "the join goes on: {:?}", state.phase);
+    assert_eq!(state.restart_count, 0, "the exclusion was the cause: no restart spent");
+    assert_eq!(state.op(), super::state::Op::Join);
+    run(&mut state, vec![Input::Joined { nproc: 4 }]);
+    assert!(matches!(state.phase, Phase::Reforming { open: true }), "joined with 4, needs 3: {:?}", state.phase);
+    run(&mut state, vec![Input::Reformed, Input::Joined { nproc: 3 }]);
+    assert!(matches!(state.phase, Phase::Starting));
+    run(&mut state, vec![Input::Started { gpus: Some([0, 1, 3].into()) }]);
+    assert!(!state.spent_by_last_stop);
 }

@@ -25,6 +25,7 @@ pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -
             failures.extend(later);
             if state.restart_count < state.job.max_restarts {
                 state.restart_count += 1;
+                state.spent_by_last_stop = true;
                 return Phase::Reforming { open: true };
             }
             match fault {
