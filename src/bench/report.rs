@@ -1,0 +1,182 @@
+//! The benchmark's report: timings, store operations per node, and the check of the sealed round.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::counting::{Op, OpCounts};
+use super::sim::NodeOutcome;
+use crate::rendezvous::Settings;
+
+#[derive(Debug, Serialize)]
+struct OpsSummary {
+    mean: f64,
+    max: u64,
+}
+
+/// The benchmark's result, printed as a summary line or as JSON.
+#[derive(Debug, Serialize)]
+pub(super) struct Report {
+    nodes: u32,
+    min: u32,
+    max: u32,
+    nproc: u32,
+    /// Start (before the first connection) until every node has its sealed round.
+    total_ms: f64,
+    /// Start until every node has connected and registered.
+    register_ms: f64,
+    /// From the barrier (every node registered) until every node has its sealed round.
+    join_ms: f64,
+    /// Per-node `next_round` latency, from the barrier.
+    join_p50_ms: f64,
+    join_p99_ms: f64,
+    round: u64,
+    world_size: u32,
+    /// Every store operation of a node (connect, register and join).
+    ops_per_node: OpsSummary,
+    /// The operations of `next_round` alone.
+    join_ops_per_node: OpsSummary,
+    /// Value bytes a node read from the store (mean and max), and wrote.
+    read_bytes_per_node: OpsSummary,
+    written_bytes_per_node: OpsSummary,
+    /// All nodes' operations by kind.
+    ops_by_kind: BTreeMap<&'static str, u64>,
+    /// Empty when the round is right: N distinct group ranks 0..N-1, the same members everywhere,
+    /// world_size = N * nproc.
+    pub(super) problems: Vec<String>,
+}
+
+impl Report {
+    pub(super) fn summary(&self) -> String {
+        let check = if self.problems.is_empty() {
+            format!(
+                "check ok (group ranks 0..{}, world_size {})",
+                self.nodes.saturating_sub(1),
+                self.world_size
+            )
+        } else {
+            format!("CHECK FAILED: {}", self.problems.join("; "))
+        };
+        format!(
+            "rendezvous {} nodes (min {}, max {}, nproc {}): all sealed in {:.1} ms (connect+register {:.1} ms, \
+             join {:.1} ms, per node p50 {:.1} ms p99 {:.1} ms); store ops/node mean {:.1} max {} (join: mean {:.1} \
+             max {}); read/node mean {:.1} KiB; {check}",
+            self.nodes,
+            self.min,
+            self.max,
+            self.nproc,
+            self.total_ms,
+            self.register_ms,
+            self.join_ms,
+            self.join_p50_ms,
+            self.join_p99_ms,
+            self.ops_per_node.mean,
+            self.ops_per_node.max,
+            self.join_ops_per_node.mean,
+            self.join_ops_per_node.max,
+            self.read_bytes_per_node.mean / 1024.0,
+        )
+    }
+}
+
+pub(super) fn make_report(
+    nodes: u32,
+    nproc: u32,
+    settings: &Settings,
+    start: Instant,
+    outcomes: &[NodeOutcome],
+    counts: &[Arc<OpCounts>],
+) -> Report {
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let last_registered = outcomes.iter().map(|o| o.registered).max().unwrap_or(start);
+    let last_sealed = outcomes.iter().map(|o| o.sealed).max().unwrap_or(start);
+    let mut latencies: Vec<f64> = outcomes
+        .iter()
+        .map(|o| ms(o.sealed.saturating_duration_since(last_registered)))
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    let percentile = |p: f64| {
+        let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
+        latencies.get(i).copied().unwrap_or(0.0)
+    };
+    let summarize = |values: &mut dyn Iterator<Item = u64>| {
+        let (mut sum, mut max, mut n) = (0u64, 0u64, 0u64);
+        for v in values {
+            sum += v;
+            max = max.max(v);
+            n += 1;
+        }
+        OpsSummary {
+            mean: if n == 0 { 0.0 } else { sum as f64 / n as f64 },
+            max,
+        }
+    };
+    let ops_by_kind = Op::ALL
+        .iter()
+        .map(|&op| (op.name(), counts.iter().map(|c| c.get(op)).sum()))
+        .filter(|&(_, n)| n > 0)
+        .collect();
+    let round = outcomes.first().map_or(0, |o| o.info.round);
+    Report {
+        nodes,
+        min: settings.min_nodes,
+        max: settings.max_nodes,
+        nproc,
+        total_ms: ms(last_sealed - start),
+        register_ms: ms(last_registered - start),
+        join_ms: ms(last_sealed.saturating_duration_since(last_registered)),
+        join_p50_ms: percentile(0.5),
+        join_p99_ms: percentile(0.99),
+        round,
+        world_size: outcomes.first().map_or(0, |o| o.info.world_size),
+        ops_per_node: summarize(&mut counts.iter().map(|c| c.total())),
+        join_ops_per_node: summarize(&mut outcomes.iter().map(|o| o.join_ops)),
+        read_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_read.load(Ordering::Relaxed))),
+        written_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_written.load(Ordering::Relaxed))),
+        ops_by_kind,
+        problems: check_round(nodes, nproc, outcomes),
+    }
+}
+
+/// What is wrong with the sealed round, if anything: every node in it once, ranks 0..N-1, one view of it.
+fn check_round(nodes: u32, nproc: u32, outcomes: &[NodeOutcome]) -> Vec<String> {
+    let mut problems = Vec::new();
+    if outcomes.len() != nodes as usize {
+        problems.push(format!("{} of {nodes} nodes have a round", outcomes.len()));
+    }
+    let Some(first) = outcomes.first() else { return problems };
+    let ranks: HashSet<u32> = outcomes.iter().map(|o| o.info.group_rank).collect();
+    if ranks.len() != outcomes.len() || ranks.iter().any(|&r| r >= nodes) {
+        problems.push(format!(
+            "group ranks are not 0..{} each once ({} distinct)",
+            nodes.saturating_sub(1),
+            ranks.len()
+        ));
+    }
+    let expected_world = nodes * nproc;
+    for o in outcomes {
+        let info = &o.info;
+        if info.world_size != expected_world || info.group_world_size != nodes {
+            problems.push(format!(
+                "node {} sees world_size {} and {} nodes (expected {expected_world} and {nodes})",
+                o.node, info.world_size, info.group_world_size
+            ));
+        } else if info.round != first.info.round {
+            problems.push(format!("node {} sees another round than node {}", o.node, first.node));
+        } else if info.base_global_rank != info.group_rank * nproc {
+            problems.push(format!(
+                "node {} has base global rank {} for group rank {}",
+                o.node, info.base_global_rank, info.group_rank
+            ));
+        }
+        // One line per kind of problem is enough to debug; N identical lines are not.
+        if problems.len() > 5 {
+            problems.push("...".into());
+            break;
+        }
+    }
+    problems
+}

@@ -1,0 +1,129 @@
+//! The simulated agents: N rendezvous tasks, each on its own store connections, against one
+//! in-process server.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Barrier;
+use tokio::task::JoinSet;
+
+use super::counting::{CountingStore, OpCounts};
+use super::report::{make_report, Report};
+use super::BenchError;
+use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, RoundInfo, Settings};
+use crate::store::remote::RemoteStore;
+use crate::store::tcp::{Server, ServerConfig};
+
+/// What one simulated node brings back. `_rendezvous` is kept so its connections (and session keys) stay up
+/// until every node is done: a node leaving early would send every other node's watch an event.
+pub(super) struct NodeOutcome {
+    pub(super) node: u32,
+    pub(super) info: RoundInfo,
+    pub(super) registered: Instant,
+    pub(super) sealed: Instant,
+    pub(super) join_ops: u64,
+    _rendezvous: Rendezvous<CountingStore<RemoteStore>>,
+}
+
+pub(super) async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration) -> Result<Report, BenchError> {
+    let config = ServerConfig {
+        // Three or four connections a node (requests, liveness, the round watch; a second request connection
+        // while a heartbeat overlaps a wait), with room to spare; the default allows 16384.
+        max_connections: ServerConfig::default().max_connections.max(8 * nodes as usize + 64),
+        // Loopback connections don't vanish silently.
+        keepalive: None,
+        ..ServerConfig::default()
+    };
+    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
+        .await
+        .map_err(BenchError::Server)?;
+    let addr = server.local_addr();
+    let counts: Vec<Arc<OpCounts>> = (0..nodes).map(|_| Arc::default()).collect();
+    let barrier = Arc::new(Barrier::new(nodes as usize));
+    let fingerprint = Fingerprint {
+        entrypoint: "bench".into(),
+        args: Vec::new(),
+        nproc_spec: nproc.to_string(),
+        nnodes: format!("{nodes}:{nodes}"),
+    };
+
+    // How many nodes got through register(), for the diagnosis when the run times out.
+    let registered_count = Arc::new(AtomicUsize::new(0));
+    let start = Instant::now();
+    let mut tasks = JoinSet::new();
+    for node in 0..nodes {
+        let me = NodeInfo {
+            id: format!("127.0.0.1_{}_{node}", std::process::id()),
+            addr: "127.0.0.1".into(),
+            nproc,
+        };
+        let node_counts = counts[node as usize].clone();
+        let (settings, fingerprint, barrier) = (settings.clone(), fingerprint.clone(), barrier.clone());
+        let registered_count = registered_count.clone();
+        tasks.spawn(async move {
+            // Connect and register; whatever happens, take part in the barrier so the others are not stuck.
+            let joined = async {
+                let store = RemoteStore::connect(addr, timeout, timeout)
+                    .await
+                    .map_err(|source| BenchError::Connect { node, source })?;
+                let counting = CountingStore {
+                    inner: store,
+                    counts: node_counts.clone(),
+                };
+                let mut rendezvous = Rendezvous::new(counting, settings, me, fingerprint);
+                rendezvous
+                    .register()
+                    .await
+                    .map_err(|source| BenchError::Rendezvous { node, source })?;
+                registered_count.fetch_add(1, Ordering::Relaxed);
+                Ok::<_, BenchError>(rendezvous)
+            }
+            .await;
+            let registered = Instant::now();
+            barrier.wait().await;
+            let mut rendezvous = joined?;
+            let ops_before = node_counts.total();
+            let info = rendezvous
+                .next_round()
+                .await
+                .map_err(|source| BenchError::Rendezvous { node, source })?;
+            Ok::<_, BenchError>(NodeOutcome {
+                node,
+                info,
+                registered,
+                sealed: Instant::now(),
+                join_ops: node_counts.total() - ops_before,
+                _rendezvous: rendezvous,
+            })
+        });
+    }
+
+    let mut outcomes = Vec::with_capacity(nodes as usize);
+    let deadline = tokio::time::sleep(timeout);
+    tokio::pin!(deadline);
+    while outcomes.len() < nodes as usize {
+        tokio::select! {
+            done = tasks.join_next() => match done {
+                Some(Ok(Ok(outcome))) => outcomes.push(outcome),
+                Some(Ok(Err(e))) => return Err(e),
+                Some(Err(e)) => return Err(BenchError::Panicked(e.to_string())),
+                None => break,
+            },
+            () = &mut deadline => {
+                return Err(BenchError::TimedOut {
+                    timeout,
+                    nodes,
+                    registered: registered_count.load(Ordering::Relaxed),
+                    sealed: outcomes.len(),
+                })
+            }
+        }
+    }
+    let report = make_report(nodes, nproc, &settings, start, &outcomes, &counts);
+    // Close every node's connections before the server goes, then stop it.
+    drop(outcomes);
+    server.shutdown().await;
+    Ok(report)
+}
