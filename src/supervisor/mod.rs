@@ -172,6 +172,9 @@ impl WorkerGroup {
                 Ok(from_spare) => warm += usize::from(from_spare),
                 Err(e) => {
                     group.kill_started();
+                    if let Some(fifo) = &fifo {
+                        let _ = std::fs::remove_file(fifo.path());
+                    }
                     return Err(e);
                 }
             }
