@@ -242,7 +242,8 @@ impl Agent {
         transitions.go(state.phase_name(), detail(state));
         while !state.is_done() {
             let op = state.op();
-            if op == Op::Watch {
+            if matches!(op, Op::Start { .. }) {
+                // Whether warm spares are worth starting for this group: another start can come.
                 let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
                 work.spares.set_next_start_possible(next_start);
             }
@@ -272,6 +273,9 @@ impl Agent {
 fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &mut Transitions) {
     let before = state.phase_name();
     tracing::trace!(input = input.name(), phase = before, "input");
+    if let (Input::Signal(sig), Phase::Running | Phase::Stopping(_)) = (&input, &state.phase) {
+        tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
+    }
     for effect in state::step(state, input) {
         match effect {
             Effect::Fault(fault, verdict) => faults.record(&transitions.events, &fault, verdict),
