@@ -98,7 +98,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("muster: error: {e}");
-            ExitCode::from(1)
+            ExitCode::from(if e.is_bad_input() { 2 } else { 1 })
         }
     }
 }

@@ -55,6 +55,18 @@ pub enum AgentError {
     Internal(String),
 }
 
+impl AgentError {
+    /// Whether the error is the user's input (exit 2): a rendezvous endpoint held by a program that is not
+    /// a TCPStore.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            AgentError::Store(StoreError::NotAStore { .. })
+                | AgentError::Rendezvous(RdzvError::Store(StoreError::NotAStore { .. }))
+        )
+    }
+}
+
 /// How the agent ended.
 #[derive(Debug)]
 pub enum Outcome {
