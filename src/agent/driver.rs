@@ -105,6 +105,8 @@ impl Ambient {
         tokio::select! {
             Some(sig) = self.signals.recv() => Input::Signal(sig),
             Some(fault) = fault => Input::Fault(fault),
+            // Both sources gone (every watcher thread ended, signal intake closed): nothing more will come.
+            else => std::future::pending().await,
         }
     }
 }
