@@ -102,6 +102,12 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.set(key, value).await
     }
 
+    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.counts.bump(Op::Set);
+        self.counts.wrote(value.len());
+        self.inner.beat(key, value).await
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         self.counts.bump(Op::Get);
         let value = self.inner.get(key).await?;

@@ -13,6 +13,7 @@
 
 mod counting;
 mod report;
+mod server;
 mod sim;
 
 use std::time::Duration;
@@ -72,7 +73,7 @@ enum BenchError {
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
     #[error("cannot start the store server: {0}")]
-    Server(StoreError),
+    StoreProcess(String),
     #[error("node {node}: cannot connect to the store: {source}")]
     Connect { node: u32, source: StoreError },
     #[error("node {node}: {source}")]
@@ -176,8 +177,8 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     outcome
 }
 
-/// Raises the soft open-file limit to the hard one: each simulated node holds three or four connections and
-/// the in-process server the other end of each, so 4096 nodes need over 25000 descriptors.
+/// Raises the soft open-file limit to the hard one: each simulated node holds three or four connections, so
+/// 4096 nodes need over 12000 descriptors in this process (the server's ends are in its own).
 fn raise_fd_limit() {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
     match getrlimit(Resource::RLIMIT_NOFILE) {

@@ -1,7 +1,6 @@
 //! The simulated agents: N rendezvous tasks, each on its own store connections, against one
-//! in-process server.
+//! store server (`muster store`, a child process).
 
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -14,7 +13,8 @@ use super::report::{make_report, Report};
 use super::BenchError;
 use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, RoundInfo, Settings};
 use crate::store::remote::RemoteStore;
-use crate::store::tcp::{Server, ServerConfig};
+use super::server::StoreProcess;
+use crate::store::tcp::ServerConfig;
 
 /// What one simulated node brings back. `_rendezvous` is kept so its connections (and session keys) stay up
 /// until every node is done: a node leaving early would send every other node's watch an event.
@@ -28,18 +28,10 @@ pub(super) struct NodeOutcome {
 }
 
 pub(super) async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration) -> Result<Report, BenchError> {
-    let config = ServerConfig {
-        // Three or four connections a node (requests, liveness, the round watch; a second request connection
-        // while a heartbeat overlaps a wait), with room to spare; the default allows 16384.
-        max_connections: ServerConfig::default().max_connections.max(8 * nodes as usize + 64),
-        // Loopback connections don't vanish silently.
-        keepalive: None,
-        ..ServerConfig::default()
-    };
-    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), config)
-        .await
-        .map_err(BenchError::Server)?;
-    let addr = server.local_addr();
+    // Three or four connections a node (requests, liveness, the round watch; a second request connection
+    // while a long wait runs), with room to spare; the default allows 16384.
+    let max_connections = ServerConfig::default().max_connections.max(4 * nodes as usize + 64);
+    let (server, addr) = StoreProcess::start(max_connections).await?;
     let counts: Vec<Arc<OpCounts>> = (0..nodes).map(|_| Arc::default()).collect();
     let barrier = Arc::new(Barrier::new(nodes as usize));
     let fingerprint = Fingerprint {
@@ -124,6 +116,6 @@ pub(super) async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout
     let report = make_report(nodes, nproc, &settings, start, &outcomes, &counts);
     // Close every node's connections before the server goes, then stop it.
     drop(outcomes);
-    server.shutdown().await;
+    server.stop().await;
     Ok(report)
 }

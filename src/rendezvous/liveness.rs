@@ -40,7 +40,7 @@ impl<S: Store> Rendezvous<S> {
             let mut beat: u64 = 0;
             loop {
                 beat += 1;
-                match tokio::time::timeout(write_timeout, store.set(&key, beat.to_string().as_bytes())).await {
+                match tokio::time::timeout(write_timeout, store.beat(&key, beat.to_string().as_bytes())).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::warn!("heartbeat write failed: {e}"),
                     Err(_) => tracing::warn!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"),

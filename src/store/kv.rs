@@ -32,6 +32,9 @@ pub trait Store: Send + Sync + 'static {
     /// Every key under `prefix`.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
     fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    /// This handle's heartbeat: `set`, on a path where it never queues behind a long wait of this handle
+    /// (over TCP, the connection that holds the session keys).
+    fn beat(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// A key deleted when this handle's owner goes away.
     fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Every later write and delete of the given keys and prefixes, on one channel; dropping the receiver

@@ -102,6 +102,10 @@ impl Store for MemoryHandle {
         Ok(())
     }
 
+    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.set(key, value).await
+    }
+
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
         Ok(self.store.lock().data.get(key).cloned())
     }

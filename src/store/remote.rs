@@ -4,9 +4,10 @@
 //! Cancel-safe by construction: a request checks a connection out of a small pool (or connects a new one,
 //! within the request timeout) and only a request that completed gives it back, so a request dropped inside
 //! `select!` or `timeout` takes its connection with it and no later request can read its reply. Session keys
-//! (this agent's liveness) live on a connection of their own, owned by a task ([`liveness`]) that runs every
-//! `set_session` to completion even if its caller gives up, and sets them again on a new connection should it
-//! break. Each watch gets a connection of its own.
+//! (this agent's liveness) and heartbeats live on a connection of their own, owned by a task ([`liveness`])
+//! that runs every `set_session` and `beat` to completion even if its caller gives up, and sets the session
+//! keys again on a new connection should it break. An agent holds three connections (the pool's one, the
+//! liveness one, the round watch), a fourth only while a long wait runs beside another request. Each watch gets a connection of its own.
 
 use std::net::SocketAddr;
 use std::sync::{Mutex, MutexGuard, PoisonError};
@@ -152,6 +153,10 @@ impl Store for RemoteStore {
 
     async fn set_session(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         self.liveness.set(key, value).await
+    }
+
+    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.liveness.beat(key, value).await
     }
 
     async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {

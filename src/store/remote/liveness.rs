@@ -16,6 +16,8 @@ use crate::store::StoreError;
 
 enum Command {
     Set { key: String, value: Vec<u8>, done: oneshot::Sender<Result<(), StoreError>> },
+    /// A plain key (a heartbeat): written here so it never waits behind this handle's long requests.
+    Beat { key: String, value: Vec<u8>, done: oneshot::Sender<Result<(), StoreError>> },
     Forget(String),
 }
 
@@ -38,6 +40,16 @@ impl Liveness {
         let (done, result) = oneshot::channel();
         let command = Command::Set { key: key.to_owned(), value: value.to_vec(), done };
         let gone = || StoreError::Closed { addr: self.addr, op: "set_session" };
+        self.commands.send(command).map_err(|_| gone())?;
+        result.await.map_err(|_| gone())?
+    }
+
+    /// Writes a plain key (not a session key) on this connection; returns once the server applied it.
+    /// Cancel-safe as `set`.
+    pub(super) async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let (done, result) = oneshot::channel();
+        let command = Command::Beat { key: key.to_owned(), value: value.to_vec(), done };
+        let gone = || StoreError::Closed { addr: self.addr, op: "set" };
         self.commands.send(command).map_err(|_| gone())?;
         result.await.map_err(|_| gone())?
     }
@@ -82,22 +94,31 @@ impl Session {
                 }
                 Command::Set { key, value, done } => {
                     self.keys.insert(key.clone(), value.clone());
-                    let _ = done.send(self.set(&key, &value).await);
+                    let _ = done.send(self.set(&key, &value, Write::Session).await);
+                }
+                Command::Beat { key, value, done } => {
+                    let _ = done.send(self.set(&key, &value, Write::Plain).await);
                 }
             }
         }
     }
 
-    /// On the current connection if it works, else on a new one that first gets every other key again.
-    async fn set(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    /// `write` on the current connection if it works, else on a new one that first gets every session key
+    /// again (which already holds a session key being set).
+    async fn set(&mut self, key: &str, value: &[u8], kind: Write) -> Result<(), StoreError> {
         if let Some(client) = self.client.as_mut() {
-            match set_confirmed(client, key, value).await {
+            match write(client, kind, key, value).await {
                 Ok(()) => return Ok(()),
-                Err(e) => tracing::debug!("session key write failed ({e}); reconnecting"),
+                Err(e) => tracing::debug!("write on the liveness connection failed ({e}); reconnecting"),
             }
             self.client = None;
         }
-        self.reconnect().await
+        self.reconnect().await?;
+        match (self.keys.contains_key(key), self.client.as_mut()) {
+            (true, _) => Ok(()),
+            (false, Some(client)) => write(client, kind, key, value).await,
+            (false, None) => Err(StoreError::Closed { addr: self.addr, op: "set" }),
+        }
     }
 
     /// Connects (within the request timeout) and sets every session key of this handle on the new
@@ -105,7 +126,7 @@ impl Session {
     async fn reconnect(&mut self) -> Result<(), StoreError> {
         let mut client = Client::connect(self.addr, self.timeout).await?;
         for (key, value) in &self.keys {
-            set_confirmed(&mut client, key, value).await?;
+            write(&mut client, Write::Session, key, value).await?;
         }
         if self.connected_before {
             tracing::warn!(
@@ -121,9 +142,19 @@ impl Session {
     }
 }
 
-/// SET_SESSION has no reply; the PING after it returns once the server applied it, so the caller's next
-/// request, on another connection, sees the key.
-async fn set_confirmed(client: &mut Client, key: &str, value: &[u8]) -> Result<(), StoreError> {
-    client.set_session(key, value).await?;
+/// What a write on the liveness connection is.
+#[derive(Clone, Copy)]
+enum Write {
+    Session,
+    Plain,
+}
+
+/// One write on the liveness connection, confirmed: the PING after it returns once the server applied it,
+/// so the caller's next request, on another connection, sees the key.
+async fn write(client: &mut Client, kind: Write, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    match kind {
+        Write::Session => client.set_session(key, value).await?,
+        Write::Plain => client.set(key, value).await?,
+    }
     client.ping().await
 }
