@@ -148,6 +148,15 @@ impl Cluster {
         );
     }
 
+    /// Injects `line` on b's GPU `gpu`; b drains and a+c re-form: returns how long that took.
+    fn drain_b(&mut self, gpu: usize, line: &str) -> Duration {
+        let t0 = Instant::now();
+        self.node("b").gpus.inject(gpu, line);
+        self.expect_drained("b");
+        self.expect_survivors_reform();
+        t0.elapsed()
+    }
+
     /// No worker of `name` ever started without the GPUs it was placed on.
     fn expect_placed_always(&self, name: &str) {
         let unplaced: Vec<Start> = starts(self.path()).into_iter().filter(|s| s.node == name && s.visible == "-").collect();
@@ -168,11 +177,7 @@ fn three(nproc: &str, b_extra: &[&str], attach: bool) -> Cluster {
 /// XID 79 on b's GPU 1, its worker SIGKILLed `kill` ms around the event (`-30`: before, `+30`: after).
 fn xid79(nproc: &str, kill: &str) -> Duration {
     let mut cluster = three(nproc, &[], true);
-    let t0 = Instant::now();
-    cluster.node("b").gpus.inject(1, &format!("lost 1 kill={kill}"));
-    cluster.expect_drained("b");
-    cluster.expect_survivors_reform();
-    let took = t0.elapsed();
+    let took = cluster.drain_b(1, &format!("lost 1 kill={kill}"));
     cluster.expect_placed_always("b");
     cluster.finish(&["a", "c"]);
     took
@@ -287,11 +292,7 @@ fn a_fault_during_start_drains() {
         cluster.start("c", "2:3", "2", &[]);
         let waiting = eventually(LONG, || cluster.agent("b").log().contains("waiting before starting workers"));
         assert!(waiting, "b never waited in the GPU check:\n{}", cluster.agent("b").log());
-        let t0 = Instant::now();
-        cluster.node("b").gpus.write("lost 0");
-        cluster.expect_drained("b");
-        cluster.expect_survivors_reform();
-        let took = t0.elapsed();
+        let took = cluster.drain_b(0, "lost 0");
         assert!(starts(cluster.path()).iter().all(|s| s.node != "b"), "b started workers on a lost GPU");
         cluster.finish(&["a", "c"]);
         took
@@ -309,11 +310,7 @@ fn a_fault_while_stopping_drains() {
         std::fs::write(cluster.path().join("crash-b"), "").expect("write");
         let stopping = eventually(LONG, || cluster.agent("b").log().matches("closing signal SIGTERM").count() >= 2);
         assert!(stopping, "b never stopped its group:\n{}", cluster.agent("b").log());
-        let t0 = Instant::now();
-        cluster.node("b").gpus.write("lost 1");
-        cluster.expect_drained("b");
-        cluster.expect_survivors_reform();
-        let took = t0.elapsed();
+        let took = cluster.drain_b(1, "lost 1");
         cluster.finish(&["a", "c"]);
         took
     });
@@ -323,11 +320,7 @@ fn a_fault_while_stopping_drains() {
 fn a_lost_gpu_whose_nvml_calls_stall_drains() {
     play("XID 79, NVML calls on the GPU stall 10 s", DRAINED, || {
         let mut cluster = three("2", &[], true);
-        let t0 = Instant::now();
-        cluster.node("b").gpus.inject(1, "lost 1 stall=10000 kill=-30");
-        cluster.expect_drained("b");
-        cluster.expect_survivors_reform();
-        let took = t0.elapsed();
+        let took = cluster.drain_b(1, "lost 1 stall=10000 kill=-30");
         cluster.expect_placed_always("b");
         cluster.finish(&["a", "c"]);
         took

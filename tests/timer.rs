@@ -85,5 +85,7 @@ fn torchrun_kills_itself_after_the_worker() {
     assert!(all.iter().all(|(a, _)| *a == 0), "no second attempt under torchrun: {all:?}");
     assert!(!dir.path().join("done").exists());
     assert_eq!(all.len(), 1, "{all:?}");
-    assert!(!alive(all[0].1), "the one worker was killed by its timer");
+    // SIGKILLed a moment before torchrun killed itself: it may still be dying when torchrun is gone.
+    let pid = all[0].1;
+    assert!(eventually(Duration::from_secs(10), || !alive(pid)), "the one worker was killed by its timer");
 }
