@@ -56,11 +56,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    // An impossible GPU placement is bad input too: refuse it before anything starts.
-    if let Err(e) = cfg.placement(cfg.nproc_per_node, &Default::default()) {
-        eprintln!("muster: error: {e}");
-        return ExitCode::from(2);
-    }
+    // An impossible GPU placement is bad input too: refuse it before anything starts. A possible one makes
+    // this a GPU job: later placements must succeed too.
+    let gpu_job = match cfg.placement(cfg.nproc_per_node, &Default::default()) {
+        Ok(plan) => plan.is_some(),
+        Err(e) => {
+            eprintln!("muster: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -69,7 +73,7 @@ fn main() -> ExitCode {
         }
     };
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
-    let outcome = runtime.block_on(agent::run(cfg, guard));
+    let outcome = runtime.block_on(agent::run(cfg, guard, gpu_job));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     match outcome {
         Ok(Outcome::Succeeded) => ExitCode::SUCCESS,

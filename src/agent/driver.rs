@@ -5,7 +5,6 @@
 //! not make the node join twice); otherwise it is dropped and the next one starts. Dropping is safe: the store
 //! client is cancel-safe, and the phases whose work must not be cut (spawning) have no await point inside.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,7 +14,6 @@ use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
 use super::state::{self, Effect, End, Input, Job, Op, Phase, State};
-use super::start::place;
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
@@ -178,7 +176,7 @@ fn fail(e: impl Into<AgentError>) -> End {
 impl Agent {
     /// Opens the stores, registers with the rendezvous and starts the GPU watcher. A signal meanwhile ends
     /// it (`End::Interrupted`), as does any error.
-    pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>) -> Result<Agent, End> {
+    pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Agent, End> {
         let mut signals = crate::signals::install(&cfg.signals).map_err(|e| fail(AgentError::Signals(e)))?;
         reaper::spawn_adopted_reaper();
         let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
@@ -197,10 +195,7 @@ impl Agent {
             .await
             .map_err(|e| fail(AgentError::Internal(format!("GPU inventory task: {e}"))))?;
         let watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
-        let gpu_job = match gpus {
-            Some(_) => matches!(place(&cfg, cfg.nproc_per_node, BTreeSet::new(), false).await, Ok(Some(_))),
-            None => false,
-        };
+        let gpu_job = gpu_job && gpus.is_some();
         let job = Job {
             run_id: cfg.run_id.clone(),
             nproc_per_node: cfg.nproc_per_node,

@@ -84,9 +84,11 @@ pub enum Outcome {
 pub const EXIT_NODE_UNHEALTHY: u8 = 75;
 
 /// Runs the job on this node until it succeeds, fails for good, drains, or is stopped by a signal.
-pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>) -> Result<Outcome, AgentError> {
+/// `gpu_job`: the placement checked before start put the workers on GPUs, so every later placement must
+/// too (a GPU job never silently runs without its GPUs).
+pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Outcome, AgentError> {
     let cfg = Arc::new(cfg);
-    let end = match driver::Agent::set_up(cfg.clone(), guard).await {
+    let end = match driver::Agent::set_up(cfg.clone(), guard, gpu_job).await {
         Ok(agent) => agent.drive().await,
         Err(end) => {
             driver::Transitions::new(&cfg).go(end.name(), driver::end_detail(&end));

@@ -31,7 +31,7 @@ pub enum PlaceError {
 
 /// The placement for `nproc` workers without the `excluded` GPUs. With `strict` (a GPU job), anything but a
 /// plan is an error: a GPU job never silently becomes a job without placement.
-pub async fn place(
+async fn place(
     cfg: &Arc<LaunchConfig>,
     nproc: u32,
     excluded: BTreeSet<u32>,

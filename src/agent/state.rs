@@ -36,6 +36,22 @@ pub enum Phase {
     Done(End),
 }
 
+impl Phase {
+    /// The phase as transition events name it (a finished agent by how it ended).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Phase::Joining => "rendezvous",
+            Phase::Starting => "starting",
+            Phase::Running => "running",
+            Phase::Stopping(_) => "stopping",
+            Phase::Reforming { .. } => "restarting",
+            Phase::Draining(_) => "draining",
+            Phase::Finishing(_) => "finishing",
+            Phase::Done(end) => end.name(),
+        }
+    }
+}
+
 /// Why a running group is being stopped. When several causes meet during one stop, the stronger one wins
 /// (the order of the variants), and restart-class causes merge: one incident spends one restart.
 #[derive(Debug)]
@@ -258,16 +274,7 @@ impl State {
     }
 
     pub fn phase_name(&self) -> &'static str {
-        match &self.phase {
-            Phase::Joining => "rendezvous",
-            Phase::Starting => "starting",
-            Phase::Running => "running",
-            Phase::Stopping(_) => "stopping",
-            Phase::Reforming { .. } => "restarting",
-            Phase::Draining(_) => "draining",
-            Phase::Finishing(_) => "finishing",
-            Phase::Done(end) => end.name(),
-        }
+        self.phase.name()
     }
 
     pub fn op(&self) -> Op {
@@ -354,19 +361,6 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
 
 /// A completion the phase's operation cannot produce: a bug, reported as the agent's error.
 pub(super) fn unexpected(phase: Phase, input: &str) -> Phase {
-    let name = phase_name(&phase);
+    let name = phase.name();
     Phase::Done(End::Error(AgentError::Internal(format!("input '{input}' in phase '{name}'"))))
-}
-
-fn phase_name(phase: &Phase) -> &'static str {
-    match phase {
-        Phase::Joining => "joining",
-        Phase::Starting => "starting",
-        Phase::Running => "running",
-        Phase::Stopping(_) => "stopping",
-        Phase::Reforming { .. } => "reforming",
-        Phase::Draining(_) => "draining",
-        Phase::Finishing(_) => "finishing",
-        Phase::Done(_) => "done",
-    }
 }
