@@ -13,8 +13,10 @@ use crate::store::tcp::{Server, ServerConfig};
 pub async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RemoteStore), AgentError> {
     let join_timeout = cfg.rdzv.join_timeout;
     let read_timeout = cfg.rdzv.read_timeout;
+    let token = cfg.token.as_ref().map(|t| t.bytes().to_vec());
     let server_config = ServerConfig {
         keepalive: Some(cfg.rdzv.keep_alive_interval),
+        token: token.clone(),
         ..ServerConfig::default()
     };
     let any = |port: u16| SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port));
@@ -55,7 +57,7 @@ pub async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>
             .next()
             .ok_or_else(|| AgentError::Resolve(format!("{host}:{port}"), std::io::ErrorKind::NotFound.into()))?,
     };
-    let store = RemoteStore::connect(addr, join_timeout, read_timeout).await?;
+    let store = RemoteStore::connect(addr, token.as_deref().unwrap_or_default(), join_timeout, read_timeout).await?;
     Ok((hosted, store))
 }
 

@@ -57,7 +57,7 @@ pub(super) async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout
         tasks.spawn(async move {
             // Connect and register; whatever happens, take part in the barrier so the others are not stuck.
             let joined = async {
-                let store = RemoteStore::connect(addr, timeout, timeout)
+                let store = RemoteStore::connect(addr, b"", timeout, timeout)
                     .await
                     .map_err(|source| BenchError::Connect { node, source })?;
                 let counting = CountingStore {

@@ -16,6 +16,7 @@ mod entrypoint;
 mod logs;
 mod parse;
 mod rdzv;
+pub mod token;
 
 pub use entrypoint::{find_program, Entrypoint};
 pub use logs::{LogConfig, Std, StdSpec};
@@ -45,6 +46,8 @@ pub struct LaunchConfig {
     pub run_id: String,
     /// `--rdzv-conf`, typed.
     pub rdzv: RdzvConf,
+    /// The job token agents present to the rendezvous store (`MUSTER_RDZV_TOKEN` or `token_file=`).
+    pub token: Option<token::Token>,
     pub node_rank: u32,
     pub max_restarts: u32,
     pub role: String,
@@ -130,6 +133,7 @@ impl LaunchConfig {
         let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
         let nproc_per_node = parse::parse_nproc(&cli.nproc_per_node, host)?;
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
+        let token = token::resolve(rdzv.token_file.as_deref(), (host.env)(token::TOKEN_ENV))?;
         let signals = parse_signals(&cli.signals_to_handle)?;
         let entrypoint = entrypoint::resolve(cli, host)?;
 
@@ -161,6 +165,7 @@ impl LaunchConfig {
             nproc_spec: cli.nproc_per_node.trim().to_string(),
             run_id,
             rdzv,
+            token,
             node_rank: cli.node_rank,
             max_restarts: cli.max_restarts,
             role: cli.role.clone(),

@@ -30,6 +30,7 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "cert",
     "key",
     "exit_barrier_timeout",
+    "token_file",
 ];
 
 /// `--rdzv-conf`, every key typed, with torchrun's defaults for the keys the user left out.
@@ -59,6 +60,8 @@ pub struct RdzvConf {
     /// torch's store/rendezvous `timeout` (static TCPStore, legacy etcd); torchrun's default is 900 s.
     pub timeout: Duration,
     pub etcd: EtcdConf,
+    /// muster's own: a file holding the job token (else `MUSTER_RDZV_TOKEN`); see `config::token`.
+    pub token_file: Option<PathBuf>,
 }
 
 /// `store_type`: the c10d rendezvous store.
@@ -108,6 +111,7 @@ impl Default for RdzvConf {
             store_type: StoreType::Tcp,
             timeout: secs(900),
             etcd: EtcdConf::default(),
+            token_file: None,
         }
     }
 }
@@ -140,6 +144,7 @@ impl RdzvConf {
             "read_timeout" => self.read_timeout = seconds(k, v, false)?,
             "last_call_timeout" => self.last_call_timeout = seconds(k, v, false)?,
             "exit_barrier_timeout" => self.exit_barrier_timeout = seconds(k, v, false)?,
+            "token_file" => self.token_file = path(),
             "close_timeout" => self.close_timeout = seconds(k, v, false)?,
             "keep_alive_interval" => self.keep_alive_interval = seconds(k, v, false)?,
             "heartbeat_timeout" => self.heartbeat_timeout = seconds(k, v, false)?,

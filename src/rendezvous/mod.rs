@@ -41,6 +41,9 @@ mod wire;
 pub use wire::{Fingerprint, RoundInfo};
 use wire::parse_round;
 
+/// Every rendezvous key lives under `muster/<run id>/`; the store keeps them for the job's agents.
+pub const KEY_PREFIX: &str = "muster/";
+
 #[derive(Debug, thiserror::Error)]
 pub enum RdzvError {
     #[error("rendezvous store error: {0}")]
@@ -139,7 +142,7 @@ pub struct Rendezvous<S: Store> {
 
 impl<S: Store> Rendezvous<S> {
     pub fn new(store: S, settings: Settings, me: NodeInfo, fingerprint: Fingerprint) -> Self {
-        let prefix = format!("muster/{}/", settings.run_id);
+        let prefix = format!("{KEY_PREFIX}{}/", settings.run_id);
         Rendezvous {
             store: Arc::new(store),
             heartbeat: None,

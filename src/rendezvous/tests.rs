@@ -121,7 +121,7 @@ mod shared {
         fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
             let addr = SocketAddr::from(([127, 0, 0, 1], self.0.port()));
             Box::pin(async move {
-                RemoteStore::connect(addr, Duration::from_secs(5), Duration::from_secs(10)).await.expect("connect")
+                RemoteStore::connect(addr, b"", Duration::from_secs(5), Duration::from_secs(10)).await.expect("connect")
             })
         }
     }

@@ -83,4 +83,10 @@ pub enum StoreError {
          protocol ({answer}); free the port or pick another with --rdzv-endpoint"
     )]
     NotAStore { addr: SocketAddr, answer: &'static str },
+
+    #[error(
+        "the store at {addr} refused this agent: wrong or missing job token; give every agent of the job \
+         the same MUSTER_RDZV_TOKEN (or --rdzv-conf token_file=)"
+    )]
+    WrongToken { addr: SocketAddr },
 }

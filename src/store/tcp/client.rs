@@ -25,7 +25,7 @@ use reply::{
     byte_of, int_of, item_of, keys_of, nonce_of, value_of, values_of, wire, wires,
 };
 
-mod connect;
+pub(super) mod connect;
 mod reply;
 #[cfg(test)]
 pub(crate) mod tests;

@@ -2,8 +2,10 @@
 
 pub mod client;
 pub mod frame;
+pub mod mux;
 pub mod server;
 mod state;
 
 pub use client::{Client, WatchEvent, WatchEventKind, WatchTarget, Watcher};
+pub use mux::Mux;
 pub use server::{Server, ServerConfig};

@@ -20,7 +20,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tracing::{debug, warn};
 
 use super::frame::{FrameError, Query, Request, RequestDecoder, VALIDATE_MAGIC};
-use super::state::{ConnId, Overflowed, Refusal, State};
+use super::state::{ConnId, Hello, Overflowed, Refusal, State};
 use crate::store::StoreError;
 
 /// Server limits.
@@ -34,6 +34,9 @@ pub struct ServerConfig {
     /// TCP keepalive idle time (then probes at that interval, 3 tries) on accepted sockets, so
     /// the session keys of a host that vanished without closing its connections end too.
     pub keepalive: Option<Duration>,
+    /// The job token an agent's `HELLO` must present; without one, any agent is let in (torch's
+    /// clients are kept off muster's keys either way).
+    pub token: Option<Vec<u8>>,
 }
 
 impl Default for ServerConfig {
@@ -42,6 +45,7 @@ impl Default for ServerConfig {
             max_frame_bytes: 64 << 20,
             max_connections: 16384,
             keepalive: Some(Duration::from_secs(10)),
+            token: None,
         }
     }
 }
@@ -67,7 +71,7 @@ impl Server {
         let local_addr = listener
             .local_addr()
             .map_err(|source| StoreError::Bind { addr, source })?;
-        let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes)));
+        let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes, config.token.clone())));
         let (stop, stopped) = watch::channel(false);
         let accept_task = tokio::spawn(accept_loop(listener, state.clone(), config, stopped));
         debug!(%local_addr, "store listening");
@@ -228,6 +232,10 @@ enum Closed {
     BadMagic(u32),
     #[error("it stopped reading its watch events")]
     Overflowed,
+    #[error("HELLO with a wrong or missing job token (MUSTER_RDZV_TOKEN)")]
+    WrongToken,
+    #[error("HELLO of protocol version {0}, which this muster does not speak (mixed muster versions?)")]
+    UnknownVersion(u32),
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -268,7 +276,14 @@ impl Connection {
         let mut decoder = RequestDecoder::new(self.max_frame);
         let mut validated = false;
         loop {
-            let backlog = self.process(&mut input, &mut output, &mut decoder, &mut validated)?;
+            let backlog = match self.process(&mut input, &mut output, &mut decoder, &mut validated) {
+                // The refusal is queued: send it, so the agent can say why, then close.
+                Err(Closed::WrongToken) => {
+                    let _ = self.stream.write_all(&output).await;
+                    return Err(Closed::WrongToken);
+                }
+                result => result?,
+            };
             if !output.is_empty() {
                 tokio::select! {
                     written = self.stream.write_all(&output) => written?,
@@ -316,6 +331,14 @@ impl Connection {
                     Request::Validate {
                         magic: VALIDATE_MAGIC,
                     } => *validated = true,
+                    Request::Hello { version, token } => match state.hello(self.id, version, token) {
+                        Hello::Welcome => *validated = true,
+                        Hello::WrongToken => {
+                            state.take_output(self.id, output)?;
+                            return Err(Closed::WrongToken);
+                        }
+                        Hello::UnknownVersion(v) => return Err(Closed::UnknownVersion(v)),
+                    },
                     Request::Validate { magic } => return Err(Closed::BadMagic(magic)),
                     other => return Err(Closed::NotValidated(other.query())),
                 }

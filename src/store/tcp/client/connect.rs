@@ -27,50 +27,11 @@ impl Client {
     /// accepts and then closes or answers garbage [`FOREIGN_ATTEMPTS`] times in a row is another
     /// program on the port ([`StoreError::NotAStore`]), reported at once.
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(50);
-        let mut foreign = 0;
-        loop {
-            let last = match timeout_at(deadline, Client::handshake(addr, timeout)).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(err)) => {
-                    match foreign_answer(&err) {
-                        Some(answer) if foreign + 1 >= FOREIGN_ATTEMPTS => {
-                            return Err(StoreError::NotAStore { addr, answer })
-                        }
-                        Some(_) => foreign += 1,
-                        None => foreign = 0,
-                    }
-                    err.to_string()
-                }
-                Err(_) => "handshake timed out".to_owned(),
-            };
-            let delay_now = jittered(delay);
-            if Instant::now() + delay_now >= deadline {
-                return Err(StoreError::Connect {
-                    addr,
-                    timeout,
-                    last,
-                });
-            }
-            sleep(delay_now).await;
-            delay = (delay * 3 / 2).min(Duration::from_secs(2));
-        }
+        retry(addr, timeout, || Client::handshake(addr, timeout)).await
     }
 
     async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
-        let stream = TcpStream::connect(addr)
-            .await
-            .map_err(|source| StoreError::Io {
-                addr,
-                op: "connect",
-                source,
-            })?;
-        stream.set_nodelay(true).map_err(|source| StoreError::Io {
-            addr,
-            op: "connect",
-            source,
-        })?;
+        let stream = open(addr).await?;
         let mut client = Client {
             stream,
             addr,
@@ -98,7 +59,56 @@ impl Client {
         }
         Ok(client)
     }
+}
 
+/// Runs `handshake` until it succeeds, retrying with jittered exponential backoff until `timeout`: a
+/// refused connection, a full accept queue or a silent peer is a store not up (or too busy) yet, so a
+/// burst of thousands of agents all get in; a peer that accepts and then closes or answers garbage
+/// [`FOREIGN_ATTEMPTS`] times in a row is another program on the port, reported at once. A wrong job token
+/// is final.
+pub(in crate::store::tcp) async fn retry<T, F, Fut>(addr: SocketAddr, timeout: Duration, handshake: F) -> Result<T, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<T, StoreError>>,
+{
+        let deadline = Instant::now() + timeout;
+        let mut delay = Duration::from_millis(50);
+        let mut foreign = 0;
+        loop {
+            let last = match timeout_at(deadline, handshake()).await {
+                Ok(Ok(client)) => return Ok(client),
+                Ok(Err(err @ StoreError::WrongToken { .. })) => return Err(err),
+                Ok(Err(err)) => {
+                    match foreign_answer(&err) {
+                        Some(answer) if foreign + 1 >= FOREIGN_ATTEMPTS => {
+                            return Err(StoreError::NotAStore { addr, answer })
+                        }
+                        Some(_) => foreign += 1,
+                        None => foreign = 0,
+                    }
+                    err.to_string()
+                }
+                Err(_) => "handshake timed out".to_owned(),
+            };
+            let delay_now = jittered(delay);
+            if Instant::now() + delay_now >= deadline {
+                return Err(StoreError::Connect {
+                    addr,
+                    timeout,
+                    last,
+                });
+            }
+            sleep(delay_now).await;
+            delay = (delay * 3 / 2).min(Duration::from_secs(2));
+        }
+}
+
+/// A TCP connection to `addr` with Nagle off.
+pub(in crate::store::tcp) async fn open(addr: SocketAddr) -> Result<TcpStream, StoreError> {
+    let io = |source| StoreError::Io { addr, op: "connect", source };
+    let stream = TcpStream::connect(addr).await.map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    Ok(stream)
 }
 
 /// What a failed handshake says about the peer, if it shows the peer is not a TCPStore: the
@@ -106,7 +116,10 @@ impl Client {
 fn foreign_answer(err: &StoreError) -> Option<&'static str> {
     match err {
         StoreError::Closed { op: "ping", .. } => Some("it closed the connection"),
-        StoreError::Protocol { op: "ping", .. } | StoreError::Handshake { .. } => {
+        StoreError::Closed { op: "hello", .. } => {
+            Some("it closed the connection on muster's HELLO: a torch TCPStore or another program")
+        }
+        StoreError::Protocol { op: "ping" | "hello", .. } | StoreError::Handshake { .. } => {
             Some("it answered garbage")
         }
         _ => None,

@@ -28,6 +28,17 @@
 //!   that have no reply (`SET`, `SET_SESSION`, `APPEND`, `MULTI_SET`, `QUEUE_PUSH`) and more
 //!   `WATCH`es; any other request closes it, since its reply could not be told from an event.
 //!   Watch first, then read the current state on another connection, to miss nothing.
+//! * `HELLO` 0xF2 — `u32 version, bytes token`; muster's agents send it as their first request
+//!   instead of `VALIDATE`. The reply is one tagged `u8`: [`HELLO_OK`], or [`HELLO_REFUSED`] (the
+//!   server holds a job token and this is not it) after which the server closes. From then on the
+//!   connection is **tagged**: every server-to-client message starts with [`TAG_REPLY`] (the
+//!   reply to the oldest request awaiting one, in the shape its request implies) or [`TAG_EVENT`]
+//!   (a watch event `u8 kind, str key`), so replies and events share one connection and an agent
+//!   needs one connection in all. `WATCH` there is answered by a tagged `WATCHING` reply and does
+//!   not restrict later requests; `WAIT`/`BARRIER`, whose replies come late, are refused (a
+//!   tagged client waits by watching). Only tagged connections may touch keys under the
+//!   protected prefix (muster's own, `/muster/`): see `state`.
+//! * `UNWATCH` 0xF3 — `u8 mode, str pattern`; no reply. Ends one `WATCH` of this connection.
 
 mod reply;
 mod request;
@@ -50,6 +61,16 @@ pub const CHECK_NOT_READY: u8 = 1;
 pub const STOP_WAITING: u8 = 0;
 /// Reply byte of `CANCEL_WAIT`.
 pub const WAIT_CANCELED: u8 = 1;
+/// The tagged protocol's version, sent in `HELLO`.
+pub const HELLO_VERSION: u32 = 1;
+/// Reply byte of `HELLO`: this connection is an agent's and tagged from now on.
+pub const HELLO_OK: u8 = 0;
+/// Reply byte of `HELLO`: wrong (or missing) job token; the server closes the connection.
+pub const HELLO_REFUSED: u8 = 1;
+/// First byte of a tagged reply.
+pub const TAG_REPLY: u8 = 0;
+/// First byte of a tagged watch event.
+pub const TAG_EVENT: u8 = 1;
 
 /// Why a byte stream is not a valid frame. Every variant means the connection must be closed.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -87,6 +108,8 @@ pub enum Query {
     Barrier = 0x12,
     SetSession = 0xf0,
     Watch = 0xf1,
+    Hello = 0xf2,
+    Unwatch = 0xf3,
 }
 
 impl Query {
@@ -114,6 +137,8 @@ impl Query {
             0x12 => Barrier,
             0xf0 => SetSession,
             0xf1 => Watch,
+            0xf2 => Hello,
+            0xf3 => Unwatch,
             _ => return None,
         })
     }
@@ -131,13 +156,14 @@ impl Query {
             Check | Wait | MultiGet => &[BytesList],
             MultiSet => &[PairList],
             GetNumKeys | CancelWait | ListKeys => &[],
-            Watch => &[U8, Bytes],
+            Watch | Unwatch => &[U8, Bytes],
+            Hello => &[U32, Bytes],
         }
     }
 }
 
 /// What a `WATCH` matches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum WatchMode {
     Key = 0,

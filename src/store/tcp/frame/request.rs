@@ -73,6 +73,14 @@ pub enum Request<'a> {
         mode: WatchMode,
         pattern: &'a [u8],
     },
+    Hello {
+        version: u32,
+        token: &'a [u8],
+    },
+    Unwatch {
+        mode: WatchMode,
+        pattern: &'a [u8],
+    },
 }
 
 impl<'a> Request<'a> {
@@ -99,6 +107,8 @@ impl<'a> Request<'a> {
             Request::Barrier { .. } => Query::Barrier,
             Request::SetSession { .. } => Query::SetSession,
             Request::Watch { .. } => Query::Watch,
+            Request::Hello { .. } => Query::Hello,
+            Request::Unwatch { .. } => Query::Unwatch,
         }
     }
 
@@ -111,7 +121,8 @@ impl<'a> Request<'a> {
             | Request::Append { .. }
             | Request::MultiSet { .. }
             | Request::QueuePush { .. }
-            | Request::SetSession { .. } => return None,
+            | Request::SetSession { .. }
+            | Request::Unwatch { .. } => return None,
             Request::CompareSet { .. } | Request::Get { .. } => ReplyShape::Value,
             Request::Add { .. }
             | Request::GetNumKeys
@@ -120,7 +131,8 @@ impl<'a> Request<'a> {
             Request::Check { .. }
             | Request::Wait { .. }
             | Request::CancelWait
-            | Request::Barrier { .. } => ReplyShape::Byte,
+            | Request::Barrier { .. }
+            | Request::Hello { .. } => ReplyShape::Byte,
             Request::MultiGet { keys } => ReplyShape::Values(keys.len() as u64),
             Request::Ping { .. } => ReplyShape::Nonce,
             Request::QueuePop { .. } => ReplyShape::QueueItem,
@@ -174,9 +186,13 @@ impl<'a> Request<'a> {
                 }
             }
             Request::GetNumKeys | Request::CancelWait | Request::ListKeys => {}
-            Request::Watch { mode, pattern } => {
+            Request::Watch { mode, pattern } | Request::Unwatch { mode, pattern } => {
                 out.push(*mode as u8);
                 put_bytes(out, pattern);
+            }
+            Request::Hello { version, token } => {
+                out.extend_from_slice(&version.to_le_bytes());
+                put_bytes(out, token);
             }
         }
     }
@@ -240,19 +256,28 @@ impl<'a> Request<'a> {
                 key: c.bytes()?,
                 value: c.bytes()?,
             },
-            Query::Watch => {
-                let mode = match c.u8()? {
-                    0 => WatchMode::Key,
-                    1 => WatchMode::Prefix,
-                    _ => return Err(FrameError::Malformed("unknown WATCH mode")),
-                };
-                Request::Watch {
-                    mode,
-                    pattern: c.bytes()?,
-                }
-            }
+            Query::Watch => Request::Watch {
+                mode: watch_mode(c.u8()?)?,
+                pattern: c.bytes()?,
+            },
+            Query::Unwatch => Request::Unwatch {
+                mode: watch_mode(c.u8()?)?,
+                pattern: c.bytes()?,
+            },
+            Query::Hello => Request::Hello {
+                version: c.u32()?,
+                token: c.bytes()?,
+            },
         };
         c.finish(request)
+    }
+}
+
+fn watch_mode(byte: u8) -> Result<WatchMode, FrameError> {
+    match byte {
+        0 => Ok(WatchMode::Key),
+        1 => Ok(WatchMode::Prefix),
+        _ => Err(FrameError::Malformed("unknown WATCH mode")),
     }
 }
 

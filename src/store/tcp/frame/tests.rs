@@ -293,6 +293,20 @@ fn extensions() {
         RequestDecoder::new(MAX).decode(&hex("f1 02 00 00 00 00 00 00 00 00")),
         Err(FrameError::Malformed("unknown WATCH mode"))
     );
+    assert_request(
+        "f2 01 00 00 00 03 00 00 00 00 00 00 00 61 62 63",
+        Request::Hello {
+            version: 1,
+            token: b"abc",
+        },
+    );
+    assert_request(
+        "f3 00 02 00 00 00 00 00 00 00 2f 6b",
+        Request::Unwatch {
+            mode: WatchMode::Key,
+            pattern: b"/k",
+        },
+    );
 }
 
 #[test]
@@ -400,8 +414,9 @@ impl Rng {
 /// A random frame that is mostly well formed: a valid or nearby query byte, then fields with
 /// lengths that are sometimes right, sometimes huge, sometimes off by a little.
 pub(crate) fn random_frame(rng: &mut Rng) -> Vec<u8> {
-    const QUERIES: [u8; 23] = [
-        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0xf0, 0xf1, 0x13, 0xff,
+    const QUERIES: [u8; 25] = [
+        0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 0xf0, 0xf1, 0xf2, 0xf3,
+        0x13, 0xff,
     ];
     let mut out = vec![QUERIES[rng.below(QUERIES.len() as u64) as usize]];
     for _ in 0..rng.below(6) {

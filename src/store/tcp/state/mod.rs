@@ -13,6 +13,12 @@ use thiserror::Error;
 use tokio::sync::Notify;
 
 use super::frame::{self, EventKind, Query, Request, WatchMode};
+use integer::parse_leading_integer;
+
+mod access;
+mod integer;
+mod watch;
+
 
 pub(crate) type ConnId = u64;
 type Key = Vec<u8>;
@@ -33,8 +39,23 @@ pub(crate) enum Refusal {
     ReplyTooLarge { query: Query, limit: usize },
     #[error("{0:?} on a watch connection: its reply could not be told apart from an event")]
     NotOnWatchConnection(Query),
-    #[error("VALIDATE after the first request")]
+    #[error("VALIDATE or HELLO after the first request")]
     LateValidate,
+    #[error("{0:?} on a tagged (agent) connection, which waits by watching")]
+    NotOnTaggedConnection(Query),
+    #[error("{0:?} names muster's rendezvous keys, which only the job's agents may use")]
+    Protected(Query),
+}
+
+/// What a `HELLO` got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Hello {
+    /// The connection is an agent's, tagged from now on; the reply is queued.
+    Welcome,
+    /// Wrong or missing token: the refusal is queued, then the connection must close.
+    WrongToken,
+    /// A protocol version this server does not speak: close without a reply.
+    UnknownVersion(u32),
 }
 
 struct Conn {
@@ -50,6 +71,8 @@ struct Conn {
     watches: Vec<(WatchMode, Key)>,
     /// Watchers that stopped reading get closed instead of buffering without bound.
     overflowed: bool,
+    /// Said `HELLO`: every message to it is tagged, and it may use muster's keys.
+    agent: bool,
 }
 
 pub(crate) struct State {
@@ -63,10 +86,12 @@ pub(crate) struct State {
     conns: HashMap<ConnId, Conn>,
     next_id: ConnId,
     max_frame: usize,
+    /// The job token a `HELLO` must present, if the server has one.
+    token: Option<Vec<u8>>,
 }
 
 impl State {
-    pub(crate) fn new(max_frame_bytes: usize) -> State {
+    pub(crate) fn new(max_frame_bytes: usize, token: Option<Vec<u8>>) -> State {
         State {
             kv: HashMap::new(),
             queues: HashMap::new(),
@@ -77,6 +102,7 @@ impl State {
             conns: HashMap::new(),
             next_id: 0,
             max_frame: max_frame_bytes,
+            token,
         }
     }
 
@@ -91,6 +117,7 @@ impl State {
             sessions: HashSet::new(),
             watches: Vec::new(),
             overflowed: false,
+            agent: false,
         };
         self.conns.insert(id, conn);
         id
@@ -102,18 +129,8 @@ impl State {
         let Some(conn) = self.conns.remove(&id) else {
             return;
         };
-        for (mode, pattern) in conn.watches {
-            match mode {
-                WatchMode::Key => {
-                    if let Some(list) = self.key_watchers.get_mut(&pattern) {
-                        list.retain(|c| *c != id);
-                        if list.is_empty() {
-                            self.key_watchers.remove(&pattern);
-                        }
-                    }
-                }
-                WatchMode::Prefix => self.prefix_watchers.retain(|(_, c)| *c != id),
-            }
+        for (mode, pattern) in &conn.watches {
+            self.unregister_watch(id, *mode, pattern);
         }
         for key in conn.sessions {
             self.owners.remove(&key);
@@ -176,26 +193,72 @@ impl State {
         }
     }
 
+    /// A connection's first request was `HELLO`: it becomes an agent's (tagged) connection if it
+    /// presents the server's token (any token where the server has none).
+    pub(crate) fn hello(&mut self, id: ConnId, version: u32, token: &[u8]) -> Hello {
+        if version != frame::HELLO_VERSION {
+            return Hello::UnknownVersion(version);
+        }
+        let welcome = self
+            .token
+            .as_deref()
+            .is_none_or(|expected| access::token_matches(expected, token));
+        let Some(conn) = self.conns.get_mut(&id) else {
+            return Hello::WrongToken;
+        };
+        conn.agent = welcome;
+        conn.out.push(frame::TAG_REPLY);
+        if welcome {
+            conn.out.push(frame::HELLO_OK);
+            Hello::Welcome
+        } else {
+            conn.out.push(frame::HELLO_REFUSED);
+            Hello::WrongToken
+        }
+    }
+
     /// Applies one request from connection `id`, queueing its reply.
     pub(crate) fn apply(&mut self, id: ConnId, request: Request<'_>) -> Result<(), Refusal> {
         let Some(conn) = self.conns.get_mut(&id) else {
             return Ok(());
         };
-        if !conn.watches.is_empty()
+        let agent = conn.agent;
+        let query = request.query();
+        if agent && matches!(request, Request::Wait { .. } | Request::Barrier { .. }) {
+            return Err(Refusal::NotOnTaggedConnection(query));
+        }
+        if !agent && access::forbidden(&request) {
+            return Err(Refusal::Protected(query));
+        }
+        if !agent
+            && !conn.watches.is_empty()
             && request.reply_shape().is_some()
             && !matches!(request, Request::Watch { .. })
         {
-            return Err(Refusal::NotOnWatchConnection(request.query()));
+            return Err(Refusal::NotOnWatchConnection(query));
         }
-        // Own replies go to `out`; bytes other requests queue for this connection meanwhile
-        // (a wake-up of its own WAIT) follow them.
+        // Own replies go to `out` (tagged on an agent's connection: the tag is taken back if
+        // the request has no reply); bytes other requests queue for this connection meanwhile
+        // (a wake-up of its own WAIT, events) follow them.
         let mut out = mem::take(&mut conn.out);
+        let start = out.len();
+        if agent {
+            out.push(frame::TAG_REPLY);
+        }
         let result = self.execute(id, request, &mut out);
+        if agent && out.len() == start + 1 {
+            out.truncate(start);
+        }
         if let Some(conn) = self.conns.get_mut(&id) {
             out.append(&mut conn.out);
             conn.out = out;
         }
         result
+    }
+
+    /// Whether connection `id` may see key `key` (muster's keys are for agents only).
+    fn visible(&self, id: ConnId, key: &[u8]) -> bool {
+        !access::protected(key) || self.conns.get(&id).is_some_and(|c| c.agent)
     }
 
     fn execute(
@@ -206,7 +269,9 @@ impl State {
     ) -> Result<(), Refusal> {
         let query = request.query();
         match request {
-            Request::Validate { .. } => return Err(Refusal::LateValidate),
+            Request::Validate { .. } | Request::Hello { .. } => {
+                return Err(Refusal::LateValidate)
+            }
             Request::Set { key, value } => {
                 self.unbind(key);
                 self.write(key, value);
@@ -268,7 +333,10 @@ impl State {
                     self.register_wait(id, missing);
                 }
             }
-            Request::GetNumKeys => frame::put_i64(out, self.kv.len() as i64),
+            Request::GetNumKeys => {
+                let n = self.kv.keys().filter(|k| self.visible(id, k)).count();
+                frame::put_i64(out, n as i64)
+            }
             Request::DeleteKey { key } => {
                 let deleted = self.kv.remove(key).is_some();
                 if deleted {
@@ -334,15 +402,16 @@ impl State {
                 frame::put_i64(out, self.queues.get(key).map_or(0, |q| q.len()) as i64)
             }
             Request::ListKeys => {
-                let size: usize = 8 + self.kv.keys().map(|k| 8 + k.len()).sum::<usize>();
+                let keys: Vec<&Key> = self.kv.keys().filter(|k| self.visible(id, k)).collect();
+                let size: usize = 8 + keys.iter().map(|k| 8 + k.len()).sum::<usize>();
                 if size > self.max_frame {
                     return Err(Refusal::ReplyTooLarge {
                         query,
                         limit: self.max_frame,
                     });
                 }
-                frame::put_i64(out, self.kv.len() as i64);
-                self.kv.keys().for_each(|k| frame::put_bytes(out, k));
+                frame::put_i64(out, keys.len() as i64);
+                keys.iter().for_each(|k| frame::put_bytes(out, k));
             }
             Request::Barrier { key, world_size } => {
                 let count =
@@ -368,18 +437,16 @@ impl State {
                 self.bind(key, id);
             }
             Request::Watch { mode, pattern } => {
-                match mode {
-                    WatchMode::Key => self
-                        .key_watchers
-                        .entry(pattern.to_vec())
-                        .or_default()
-                        .push(id),
-                    WatchMode::Prefix => self.prefix_watchers.push((pattern.to_vec(), id)),
-                }
-                if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.watches.push((mode, pattern.to_vec()));
-                }
+                self.register_watch(id, mode, pattern);
                 frame::put_event(out, EventKind::Watching, pattern);
+            }
+            Request::Unwatch { mode, pattern } => {
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    if let Some(i) = conn.watches.iter().position(|(m, p)| *m == mode && p == pattern) {
+                        conn.watches.swap_remove(i);
+                        self.unregister_watch(id, mode, pattern);
+                    }
+                }
             }
         }
         Ok(())
@@ -478,28 +545,6 @@ impl State {
         }
     }
 
-    fn has_watchers(&self) -> bool {
-        !self.key_watchers.is_empty() || !self.prefix_watchers.is_empty()
-    }
-
-    fn notify(&mut self, key: &[u8], kind: EventKind) {
-        if !self.has_watchers() {
-            return;
-        }
-        let mut targets: Vec<ConnId> = self.key_watchers.get(key).cloned().unwrap_or_default();
-        targets.extend(
-            self.prefix_watchers
-                .iter()
-                .filter(|(p, _)| key.starts_with(p))
-                .map(|(_, id)| *id),
-        );
-        targets.sort_unstable();
-        targets.dedup();
-        for id in targets {
-            self.send_deferred(id, |out| frame::put_event(out, kind, key));
-        }
-    }
-
     /// Queues bytes for a connection other than the one being served, and wakes its task.
     fn send_deferred(&mut self, id: ConnId, write: impl FnOnce(&mut Vec<u8>)) {
         let Some(conn) = self.conns.get_mut(&id) else {
@@ -545,54 +590,6 @@ impl State {
 #[derive(Debug)]
 pub(crate) struct Overflowed;
 
-/// The integer at the start of `value`, read as C's `strtoll` (torch's `std::stoll`): leading
-/// whitespace and a sign allowed, trailing bytes ignored, no digits or overflow is an error.
-fn parse_leading_integer(value: &[u8]) -> Option<i64> {
-    let start = value
-        .iter()
-        .position(|b| !matches!(b, b' ' | b'\t'..=b'\r'))?;
-    let rest = &value[start..];
-    let (negative, digits) = match rest.split_first() {
-        Some((b'-', digits)) => (true, digits),
-        Some((b'+', digits)) => (false, digits),
-        _ => (false, rest),
-    };
-    let len = digits.iter().take_while(|b| b.is_ascii_digit()).count();
-    if len == 0 {
-        return None;
-    }
-    digits[..len].iter().try_fold(0i64, |acc, d| {
-        let d = i64::from(d - b'0');
-        let acc = acc.checked_mul(10)?;
-        if negative {
-            acc.checked_sub(d)
-        } else {
-            acc.checked_add(d)
-        }
-    })
-}
-
 fn lossy(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn integers_parse_like_stoll() {
-        assert_eq!(parse_leading_integer(b"3"), Some(3));
-        assert_eq!(parse_leading_integer(b" 12xyz"), Some(12));
-        assert_eq!(parse_leading_integer(b"\t-7"), Some(-7));
-        assert_eq!(parse_leading_integer(b"+5"), Some(5));
-        assert_eq!(
-            parse_leading_integer(b"-9223372036854775808"),
-            Some(i64::MIN)
-        );
-        assert_eq!(parse_leading_integer(b"9223372036854775808"), None);
-        assert_eq!(parse_leading_integer(b"abc"), None);
-        assert_eq!(parse_leading_integer(b"-"), None);
-        assert_eq!(parse_leading_integer(b""), None);
-    }
 }
