@@ -64,6 +64,8 @@ pub fn wait_world(dir: &Path, world: u32, count: usize) -> Vec<Start> {
 pub struct Agent {
     pub guard: Guard,
     log: Arc<Mutex<String>>,
+    /// Closed when the log reader saw the end of stderr.
+    read_all: std::sync::mpsc::Receiver<()>,
 }
 
 impl Agent {
@@ -79,7 +81,9 @@ impl Agent {
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = guard.0.stderr.take().expect("stderr");
         let sink = log.clone();
+        let (reading, read_all) = std::sync::mpsc::channel::<()>();
         std::thread::spawn(move || {
+            let _reading = reading;
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
                 if let Ok(mut l) = sink.lock() {
                     l.push_str(&line);
@@ -87,7 +91,7 @@ impl Agent {
                 }
             }
         });
-        Agent { guard, log }
+        Agent { guard, log, read_all }
     }
 
     pub fn log(&self) -> String {
@@ -113,6 +117,9 @@ impl Agent {
 
     pub fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
         let status = self.guard.wait_timeout(timeout).unwrap_or_else(|| panic!("agent still running: {}", self.log()));
+        // The agent's last lines may still be in the pipe; a worker left alive may hold it open, so the
+        // wait for its end is bounded.
+        let _ = self.read_all.recv_timeout(Duration::from_secs(5));
         status.code()
     }
 }

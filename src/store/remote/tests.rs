@@ -142,3 +142,4 @@ async fn waits_and_watches_share_the_connection_with_other_requests() {
     assert!(!store.wait("r/never", Duration::from_millis(20)).await.expect("wait"));
     assert_eq!(store.get("r/go").await.expect("get"), Some(b"1".to_vec()));
 }
+

@@ -359,3 +359,5 @@ impl Connection {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod access_tests;
