@@ -2,13 +2,14 @@
 //!
 //! `--rdzv-conf` is parsed once, here, into `RdzvConf`; nothing looks a key up by name at run time.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{bad, ConfigError};
 use crate::cli::Cli;
 
-/// The rendezvous keys torchrun 2.15 knows (reference §1.4), plus muster's `exit_barrier_timeout`.
+/// The rendezvous keys torchrun 2.15 knows (reference §1.4), plus muster's `exit_barrier_timeout` and `bind`.
 pub const RDZV_CONF_KEYS: &[&str] = &[
     "join_timeout",
     "last_call_timeout",
@@ -30,6 +31,7 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "cert",
     "key",
     "exit_barrier_timeout",
+    "bind",
 ];
 
 /// `--rdzv-conf`, every key typed, with torchrun's defaults for the keys the user left out.
@@ -59,6 +61,9 @@ pub struct RdzvConf {
     /// torch's store/rendezvous `timeout` (static TCPStore, legacy etcd); torchrun's default is 900 s.
     pub timeout: Duration,
     pub etcd: EtcdConf,
+    /// muster's own: the one address every store this agent hosts listens on; None: where the endpoint
+    /// (or, for the workers' store, MASTER_ADDR) says (`agent::stores`).
+    pub bind: Option<IpAddr>,
 }
 
 /// `store_type`: the c10d rendezvous store.
@@ -108,6 +113,7 @@ impl Default for RdzvConf {
             store_type: StoreType::Tcp,
             timeout: secs(900),
             etcd: EtcdConf::default(),
+            bind: None,
         }
     }
 }
@@ -174,6 +180,12 @@ impl RdzvConf {
             "key" => self.etcd.key = path(),
             "cacert" => self.etcd.cacert = path(),
             "etcd_prefix" => self.etcd.etcd_prefix = Some(v.to_string()),
+            "bind" => {
+                let ip = v.strip_prefix('[').and_then(|ip| ip.strip_suffix(']')).unwrap_or(v);
+                self.bind = Some(ip.parse().map_err(|_| {
+                    bad(format!("'--rdzv-conf {k}={v}': use an IP address of this machine (:: or 0.0.0.0 for all)"))
+                })?)
+            }
             _ => {
                 return Err(bad(format!(
                     "unknown key '{k}' in '--rdzv-conf'; known keys: {}",
@@ -335,6 +347,9 @@ mod tests {
         assert_eq!(c.store_type, StoreType::File);
         assert_eq!(c.etcd.protocol, EtcdProtocol::Https);
         assert_eq!(c.etcd.cert, Some(PathBuf::from("/c.pem")));
+        let c = RdzvConf::parse("bind=[::1]").unwrap();
+        assert_eq!(c.bind, Some(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)));
+        assert_eq!(RdzvConf::parse("bind=0.0.0.0").unwrap().bind, Some([0, 0, 0, 0].into()));
     }
 
     #[test]
@@ -344,6 +359,7 @@ mod tests {
                 "is_host" => "1",
                 "store_type" => "tcp",
                 "protocol" => "http",
+                "bind" => "::1",
                 _ => "3",
             };
             assert!(RdzvConf::parse(&format!("{k}={v}")).is_ok(), "{k}");
@@ -367,6 +383,8 @@ mod tests {
             ("is_host=maybe", "true or false"),
             ("store_type=redis", "tcp or file"),
             ("protocol=ftp", "http or https"),
+            ("bind=node0", "an IP address"),
+            ("bind=[::1", "an IP address"),
         ];
         for (text, needle) in cases {
             let e = RdzvConf::parse(text).unwrap_err().to_string();
