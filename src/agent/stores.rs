@@ -215,8 +215,9 @@ mod tests {
     fn stores_listen_where_the_name_points() {
         let ip = |s: &str| s.parse::<IpAddr>().unwrap();
         let ips = |list: &[&str]| list.iter().map(|s| ip(s)).collect::<Vec<_>>();
-        // (bind, local addresses of the name, one node, loopback name) -> listen
-        let cases: &[(Option<&str>, &[&str], bool, bool, &[&str])] = &[
+        /// (bind, local addresses of the name, one node, loopback name) -> listen
+        type Case = (Option<&'static str>, &'static [&'static str], bool, bool, &'static [&'static str]);
+        let cases: &[Case] = &[
             (Some("10.0.0.5"), &["127.0.0.1"], true, true, &["10.0.0.5"]),
             (Some("::"), &[], false, false, &["::"]),
             (None, &[], true, false, &["::"]),

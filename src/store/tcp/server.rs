@@ -22,8 +22,8 @@ use tracing::{debug, warn};
 use super::frame::{FrameError, Query, Request, RequestDecoder, VALIDATE_MAGIC};
 use super::state::{ConnId, Overflowed, Refusal, State};
 use crate::store::StoreError;
-use budget::{Account, Budget};
 pub use budget::Usage;
+use budget::{Account, Budget};
 
 mod budget;
 
@@ -299,7 +299,9 @@ enum Closed {
     Overflowed,
     #[error("it sent no valid first request within {0:?} (handshake_timeout)")]
     NoHandshake(Duration),
-    #[error("it held {held} bytes when all connections together passed {limit} (max_buffered_bytes)")]
+    #[error(
+        "it held {held} bytes when all connections together passed {limit} (max_buffered_bytes)"
+    )]
     OverBudget { held: usize, limit: usize },
     #[error("{0}")]
     Io(#[from] io::Error),
@@ -333,6 +335,10 @@ impl Connection {
         match result {
             Ok(()) => debug!(%peer, "store connection ended"),
             Err(Closed::Io(err)) => debug!(%peer, "store connection failed: {err}"),
+            // Idle connections by the thousand (a scan, a flood) must not flood the log as well.
+            Err(why @ Closed::NoHandshake(_)) => {
+                debug!(%peer, "store closed the connection: {why}")
+            }
             Err(why) => warn!(%peer, "store closed the connection: {why}"),
         }
     }

@@ -119,7 +119,10 @@ async fn append_cannot_grow_a_value_past_the_frame_limit() {
     let mut wire = Vec::new();
     append(&[1; 600]).encode(&mut wire);
     s.write_all(&wire).await.unwrap();
-    assert_eq!(request(&mut s, Request::Ping { nonce: 1 }, 4).await, [1, 0, 0, 0]);
+    assert_eq!(
+        request(&mut s, Request::Ping { nonce: 1 }, 4).await,
+        [1, 0, 0, 0]
+    );
     let mut wire = Vec::new();
     append(&[2; 600]).encode(&mut wire);
     s.write_all(&wire).await.unwrap();

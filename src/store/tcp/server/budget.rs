@@ -97,7 +97,7 @@ impl Budget {
         }
         let keep = |kept: usize| kept <= self.limit;
         let mut kept = total.saturating_sub(leaving);
-        candidates.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        candidates.sort_unstable_by_key(|(bytes, _)| std::cmp::Reverse(*bytes));
         for (bytes, held) in candidates {
             if keep(kept) {
                 break;
@@ -120,13 +120,19 @@ impl Account {
         self.held.bytes.store(bytes, Ordering::Relaxed);
         let budget = &self.budget;
         if bytes > self.current {
-            let total = budget.total.fetch_add(bytes - self.current, Ordering::Relaxed) + bytes - self.current;
+            let total = budget
+                .total
+                .fetch_add(bytes - self.current, Ordering::Relaxed)
+                + bytes
+                - self.current;
             budget.peak.fetch_max(total, Ordering::Relaxed);
             if total > budget.limit {
                 budget.enforce();
             }
         } else {
-            budget.total.fetch_sub(self.current - bytes, Ordering::Relaxed);
+            budget
+                .total
+                .fetch_sub(self.current - bytes, Ordering::Relaxed);
         }
         self.current = bytes;
     }
@@ -168,16 +174,28 @@ mod tests {
         for (account, bytes) in accounts.iter_mut().zip([10, 50, 30, 20]) {
             account.set(bytes);
         }
-        let usage = |now, peak, evictions| Usage { now, peak, evictions };
+        let usage = |now, peak, evictions| Usage {
+            now,
+            peak,
+            evictions,
+        };
         assert_eq!(budget.usage(), usage(110, 110, 1));
         let evicted = |a: &Account| a.held.evicted.load(Ordering::Relaxed);
-        assert_eq!(accounts.iter().map(evicted).collect::<Vec<_>>(), [false, true, false, false]);
-        tokio::time::timeout(std::time::Duration::from_secs(1), accounts[1].evicted()).await.unwrap();
+        assert_eq!(
+            accounts.iter().map(evicted).collect::<Vec<_>>(),
+            [false, true, false, false]
+        );
+        tokio::time::timeout(std::time::Duration::from_secs(1), accounts[1].evicted())
+            .await
+            .unwrap();
         // The evicted one still holds its bytes until it closes; growing others counts them as freed.
         accounts[0].set(40);
         assert!(!evicted(&accounts[0]));
         accounts[2].set(70);
-        assert_eq!(accounts.iter().map(evicted).collect::<Vec<_>>(), [false, true, true, false]);
+        assert_eq!(
+            accounts.iter().map(evicted).collect::<Vec<_>>(),
+            [false, true, true, false]
+        );
         accounts.remove(1);
         accounts.remove(1);
         assert_eq!(budget.usage(), usage(60, 180, 2));

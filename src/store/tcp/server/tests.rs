@@ -33,7 +33,11 @@ pub(super) async fn raw(server: &Server) -> TcpStream {
     stream
 }
 
-pub(super) async fn request(stream: &mut TcpStream, request: Request<'_>, reply_len: usize) -> Vec<u8> {
+pub(super) async fn request(
+    stream: &mut TcpStream,
+    request: Request<'_>,
+    reply_len: usize,
+) -> Vec<u8> {
     let mut wire = Vec::new();
     request.encode(&mut wire);
     stream.write_all(&wire).await.unwrap();
