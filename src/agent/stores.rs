@@ -18,6 +18,9 @@ fn server_config(keepalive: Option<Duration>) -> ServerConfig {
     let default = ServerConfig::default();
     let limit = crate::limits::raise_open_files().soft;
     let max_connections = default.max_connections.min(crate::limits::connection_cap(limit) / 2).max(1);
+    if max_connections < default.max_connections {
+        tracing::debug!("each store serves at most {max_connections} connections under the open-file limit {limit}");
+    }
     ServerConfig { keepalive, max_connections, ..default }
 }
 
