@@ -9,6 +9,7 @@ pub mod config;
 pub mod doctor;
 pub mod gpu;
 pub mod host;
+pub mod limits;
 pub mod plan;
 pub mod rendezvous;
 pub mod signals;

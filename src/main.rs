@@ -13,6 +13,8 @@ use muster::supervisor::{failure, reaper::OrphanGuard};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
+    // Before any thread or child exists, so the stores, the orphan guard and the tools all see it.
+    muster::limits::raise_open_files();
     if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }

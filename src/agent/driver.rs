@@ -307,7 +307,7 @@ impl Work {
             Err(e) => return Input::Failed(e.into()),
         };
         let endpoint = if round.group_rank == 0 {
-            match self.worker_store.prepare(self.hosted.as_ref()).await {
+            match self.worker_store.prepare(&self.cfg, self.hosted.as_ref(), round.group_world_size).await {
                 Ok((addr, port)) => match self.rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await {
                     Ok(()) => (addr, port),
                     Err(e) => return Input::Failed(e.into()),

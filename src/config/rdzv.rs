@@ -2,13 +2,14 @@
 //!
 //! `--rdzv-conf` is parsed once, here, into `RdzvConf`; nothing looks a key up by name at run time.
 
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use super::{bad, ConfigError};
 use crate::cli::Cli;
 
-/// The rendezvous keys torchrun 2.15 knows (reference §1.4), plus muster's `exit_barrier_timeout`.
+/// The rendezvous keys torchrun 2.15 knows (reference §1.4), plus muster's `exit_barrier_timeout` and `bind`.
 pub const RDZV_CONF_KEYS: &[&str] = &[
     "join_timeout",
     "last_call_timeout",
@@ -31,6 +32,7 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "key",
     "exit_barrier_timeout",
     "token_file",
+    "bind",
 ];
 
 /// `--rdzv-conf`, every key typed, with torchrun's defaults for the keys the user left out.
@@ -62,6 +64,9 @@ pub struct RdzvConf {
     pub etcd: EtcdConf,
     /// muster's own: a file holding the job token (else `MUSTER_RDZV_TOKEN`); see `config::token`.
     pub token_file: Option<PathBuf>,
+    /// muster's own: the one address every store this agent hosts listens on; None: where the endpoint
+    /// (or, for the workers' store, MASTER_ADDR) says (`agent::stores`).
+    pub bind: Option<IpAddr>,
 }
 
 /// `store_type`: the c10d rendezvous store.
@@ -112,6 +117,7 @@ impl Default for RdzvConf {
             timeout: secs(900),
             etcd: EtcdConf::default(),
             token_file: None,
+            bind: None,
         }
     }
 }
@@ -179,6 +185,12 @@ impl RdzvConf {
             "key" => self.etcd.key = path(),
             "cacert" => self.etcd.cacert = path(),
             "etcd_prefix" => self.etcd.etcd_prefix = Some(v.to_string()),
+            "bind" => {
+                let ip = v.strip_prefix('[').and_then(|ip| ip.strip_suffix(']')).unwrap_or(v);
+                self.bind = Some(ip.parse().map_err(|_| {
+                    bad(format!("'--rdzv-conf {k}={v}': use an IP address of this machine (:: or 0.0.0.0 for all)"))
+                })?)
+            }
             _ => {
                 return Err(bad(format!(
                     "unknown key '{k}' in '--rdzv-conf'; known keys: {}",
@@ -340,6 +352,9 @@ mod tests {
         assert_eq!(c.store_type, StoreType::File);
         assert_eq!(c.etcd.protocol, EtcdProtocol::Https);
         assert_eq!(c.etcd.cert, Some(PathBuf::from("/c.pem")));
+        let c = RdzvConf::parse("bind=[::1]").unwrap();
+        assert_eq!(c.bind, Some(IpAddr::from(std::net::Ipv6Addr::LOCALHOST)));
+        assert_eq!(RdzvConf::parse("bind=0.0.0.0").unwrap().bind, Some([0, 0, 0, 0].into()));
     }
 
     #[test]
@@ -349,6 +364,7 @@ mod tests {
                 "is_host" => "1",
                 "store_type" => "tcp",
                 "protocol" => "http",
+                "bind" => "::1",
                 _ => "3",
             };
             assert!(RdzvConf::parse(&format!("{k}={v}")).is_ok(), "{k}");
@@ -372,6 +388,8 @@ mod tests {
             ("is_host=maybe", "true or false"),
             ("store_type=redis", "tcp or file"),
             ("protocol=ftp", "http or https"),
+            ("bind=node0", "an IP address"),
+            ("bind=[::1", "an IP address"),
         ];
         for (text, needle) in cases {
             let e = RdzvConf::parse(text).unwrap_err().to_string();

@@ -6,8 +6,10 @@ use std::net::SocketAddr;
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 
+use super::tcp::server::default_buffered_bytes;
 use super::tcp::{Server, ServerConfig};
 use super::StoreError;
+use crate::limits;
 
 /// Serve a TCPStore-compatible key-value store until SIGTERM or SIGINT.
 #[derive(Debug, Parser)]
@@ -20,11 +22,49 @@ struct StoreArgs {
     #[arg(long, default_value_t = 29400)]
     port: u16,
     /// Largest request or reply in bytes.
-    #[arg(long, default_value_t = ServerConfig::default().max_frame_bytes)]
+    #[arg(long, default_value_t = ServerConfig::default().max_frame_bytes, value_parser = positive)]
     max_frame_bytes: usize,
-    /// Connections served at once.
-    #[arg(long, default_value_t = ServerConfig::default().max_connections)]
-    max_connections: usize,
+    /// Connections served at once [default: 16384, or the open-file limit less 512 kept for the
+    /// store's own files when that is lower]; the limit is raised to its hard limit at start.
+    #[arg(long, value_parser = positive)]
+    max_connections: Option<usize>,
+    /// Bytes all connections together may buffer; past it the connections holding the most are
+    /// closed [default: 4 × --max-frame-bytes]. At least 2 × --max-frame-bytes.
+    #[arg(long, value_parser = positive)]
+    max_buffered_bytes: Option<usize>,
+}
+
+/// A count or size: zero would serve nothing.
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n > 0 => Ok(n),
+        _ => Err("must be an integer > 0".to_string()),
+    }
+}
+
+/// The server's limits from the command line and the open-file limit `open_files`.
+fn server_config(args: &StoreArgs, open_files: u64) -> Result<ServerConfig, String> {
+    let default = ServerConfig::default();
+    let max_connections =
+        limits::max_connections(args.max_connections, default.max_connections, open_files, "--max-connections")
+            .map_err(|e| e.to_string())?;
+    let frame = args.max_frame_bytes;
+    let max_buffered_bytes = match args.max_buffered_bytes {
+        Some(n) if n < frame.saturating_mul(2) => {
+            return Err(format!(
+                "invalid value '{n}' for '--max-buffered-bytes': must be at least 2 × --max-frame-bytes ({})",
+                frame.saturating_mul(2)
+            ))
+        }
+        Some(n) => n,
+        None => default_buffered_bytes(frame),
+    };
+    Ok(ServerConfig {
+        max_frame_bytes: frame,
+        max_connections,
+        max_buffered_bytes,
+        ..default
+    })
 }
 
 /// Entry point of `muster store ARGS...` (`args` after the subcommand); returns the exit code.
@@ -34,10 +74,12 @@ pub fn store_main(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     crate::telemetry::init_with("info");
-    let config = ServerConfig {
-        max_frame_bytes: args.max_frame_bytes,
-        max_connections: args.max_connections,
-        ..ServerConfig::default()
+    let config = match server_config(&args, limits::raise_open_files().soft) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("muster store: error: {e}");
+            return 2;
+        }
     };
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
@@ -80,4 +122,36 @@ async fn resolve(host: &str, port: u16) -> Result<SocketAddr, StoreError> {
             host: host.to_owned(),
             source,
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<StoreArgs, clap::Error> {
+        StoreArgs::try_parse_from(std::iter::once("muster store").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn zero_limits_are_refused_naming_the_flag() {
+        for flag in ["--max-frame-bytes", "--max-connections", "--max-buffered-bytes"] {
+            let e = parse(&[flag, "0"]).map(|_| ()).unwrap_err();
+            let line = crate::cli::one_line(&e);
+            assert!(line.contains(flag) && line.contains("> 0"), "{line}");
+        }
+    }
+
+    #[test]
+    fn limits_follow_the_flags_and_the_open_file_limit() {
+        let config = |args: &[&str], limit| server_config(&parse(args).unwrap(), limit);
+        let c = config(&[], 20000).unwrap();
+        assert_eq!((c.max_connections, c.max_buffered_bytes), (16384, 256 << 20));
+        assert_eq!(config(&[], 1024).unwrap().max_connections, 512);
+        let c = config(&["--max-frame-bytes", "1000", "--max-connections", "10"], 1024).unwrap();
+        assert_eq!((c.max_frame_bytes, c.max_connections, c.max_buffered_bytes), (1000, 10, 4000));
+        let e = config(&["--max-connections", "16384"], 1024).unwrap_err();
+        assert!(e.contains("'--max-connections'") && e.contains("1024"), "{e}");
+        let e = config(&["--max-frame-bytes", "1000", "--max-buffered-bytes", "1999"], 1024).unwrap_err();
+        assert!(e.contains("'--max-buffered-bytes'") && e.contains("2000"), "{e}");
+    }
 }

@@ -7,13 +7,13 @@
 
 use std::fmt;
 use std::io;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use socket2::{Domain, Protocol, SockRef, Socket, TcpKeepalive, Type};
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
@@ -22,6 +22,10 @@ use tracing::{debug, warn};
 use super::frame::{FrameError, Query, Request, RequestDecoder, VALIDATE_MAGIC};
 use super::state::{ConnId, Hello, Overflowed, Refusal, State};
 use crate::store::StoreError;
+pub use budget::Usage;
+use budget::{Account, Budget};
+
+mod budget;
 
 /// Server limits.
 #[derive(Debug, Clone)]
@@ -37,6 +41,18 @@ pub struct ServerConfig {
     /// The job token an agent's `HELLO` must present; without one, any agent is let in (torch's
     /// clients are kept off muster's keys either way).
     pub token: Option<Vec<u8>>,
+    /// A connection that has not completed a valid first request (the handshake) by then is
+    /// closed, so idle connections cannot hold the connection slots.
+    pub handshake_timeout: Duration,
+    /// Bytes all connections together may buffer (unparsed input, output being written); past it
+    /// the connections holding the most are closed. At least twice `max_frame_bytes`, or one
+    /// largest request and its reply would not fit.
+    pub max_buffered_bytes: usize,
+}
+
+/// The default `max_buffered_bytes` for a frame limit: four largest frames in flight at once.
+pub fn default_buffered_bytes(max_frame_bytes: usize) -> usize {
+    max_frame_bytes.saturating_mul(4)
 }
 
 impl Default for ServerConfig {
@@ -46,6 +62,8 @@ impl Default for ServerConfig {
             max_connections: 16384,
             keepalive: Some(Duration::from_secs(10)),
             token: None,
+            handshake_timeout: Duration::from_secs(5),
+            max_buffered_bytes: default_buffered_bytes(64 << 20),
         }
     }
 }
@@ -54,8 +72,9 @@ impl Default for ServerConfig {
 pub struct Server {
     local_addr: SocketAddr,
     state: Arc<Mutex<State>>,
+    budget: Arc<Budget>,
     stop: watch::Sender<bool>,
-    accept_task: Option<JoinHandle<()>>,
+    accept_tasks: Vec<JoinHandle<()>>,
 }
 
 /// Read size; also the output size past which replies are flushed before decoding more.
@@ -67,22 +86,56 @@ impl Server {
     /// Binds `addr` and serves in background tasks. An unspecified address (`0.0.0.0`, `[::]`)
     /// binds dual-stack `[::]` like torch, falling back to `0.0.0.0` where IPv6 is off.
     pub async fn bind(addr: SocketAddr, config: ServerConfig) -> Result<Server, StoreError> {
-        let listener = listen(addr)?;
-        let local_addr = listener
-            .local_addr()
-            .map_err(|source| StoreError::Bind { addr, source })?;
+        Server::bind_each(&[addr.ip()], addr.port(), config).await
+    }
+
+    /// Binds `port` on each of `ips` (the first one picks the port when it is 0; the others take
+    /// the same), e.g. every address a host name resolves to. `ips` must not be empty.
+    pub async fn bind_each(
+        ips: &[IpAddr],
+        port: u16,
+        config: ServerConfig,
+    ) -> Result<Server, StoreError> {
+        let mut listeners: Vec<TcpListener> = Vec::with_capacity(ips.len());
+        let mut local_addr = SocketAddr::new(Ipv6Addr::UNSPECIFIED.into(), port);
+        for ip in ips {
+            let addr = SocketAddr::new(*ip, local_addr.port());
+            let listener = listen(addr)?;
+            let bound = listener
+                .local_addr()
+                .map_err(|source| StoreError::Bind { addr, source })?;
+            if listeners.is_empty() {
+                local_addr = bound;
+            }
+            debug!(%bound, "store listening");
+            listeners.push(listener);
+        }
         let state = Arc::new(Mutex::new(State::new(config.max_frame_bytes, config.token.clone())));
+        let budget = Arc::new(Budget::new(config.max_buffered_bytes));
+        let slots = Arc::new(Semaphore::new(config.max_connections));
         let (stop, stopped) = watch::channel(false);
-        let accept_task = tokio::spawn(accept_loop(listener, state.clone(), config, stopped));
-        debug!(%local_addr, "store listening");
+        let accept_tasks = listeners
+            .into_iter()
+            .map(|listener| {
+                let shared = Shared {
+                    state: state.clone(),
+                    budget: budget.clone(),
+                    slots: slots.clone(),
+                    config: config.clone(),
+                };
+                tokio::spawn(accept_loop(listener, shared, stopped.clone()))
+            })
+            .collect();
         Ok(Server {
             local_addr,
             state,
+            budget,
             stop,
-            accept_task: Some(accept_task),
+            accept_tasks,
         })
     }
 
+    /// The first address bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
     }
@@ -106,10 +159,15 @@ impl Server {
         lock(&self.state).clear_except(&wire);
     }
 
+    /// What the connections buffer (see [`ServerConfig::max_buffered_bytes`]).
+    pub fn buffered(&self) -> Usage {
+        self.budget.usage()
+    }
+
     /// Stops accepting, closes every connection and waits for their tasks to end.
     pub async fn shutdown(mut self) {
         self.stop.send_replace(true);
-        if let Some(task) = self.accept_task.take() {
+        for task in self.accept_tasks.drain(..) {
             let _ = task.await;
         }
     }
@@ -160,13 +218,21 @@ fn lock(state: &Mutex<State>) -> MutexGuard<'_, State> {
     state.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-async fn accept_loop(
-    listener: TcpListener,
+/// What every listener's connections share.
+struct Shared {
     state: Arc<Mutex<State>>,
+    budget: Arc<Budget>,
+    slots: Arc<Semaphore>,
     config: ServerConfig,
-    mut stop: watch::Receiver<bool>,
-) {
-    let slots = Arc::new(Semaphore::new(config.max_connections));
+}
+
+async fn accept_loop(listener: TcpListener, shared: Shared, mut stop: watch::Receiver<bool>) {
+    let Shared {
+        state,
+        budget,
+        slots,
+        config,
+    } = shared;
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
@@ -181,13 +247,16 @@ async fn accept_loop(
                     };
                     tune(&stream, config.keepalive);
                     let wake = Arc::new(Notify::new());
+                    let id = lock(&state).connect(wake.clone());
                     let conn = Connection {
                         stream,
                         peer,
                         state: state.clone(),
-                        id: lock(&state).connect(wake.clone()),
+                        id,
                         wake,
                         max_frame: config.max_frame_bytes,
+                        handshake_timeout: config.handshake_timeout,
+                        account: budget.open(id),
                         stop: stop.clone(),
                     };
                     connections.spawn(conn.serve(slot));
@@ -236,6 +305,12 @@ enum Closed {
     WrongToken,
     #[error("HELLO of protocol version {0}, which this muster does not speak (mixed muster versions?)")]
     UnknownVersion(u32),
+    #[error("it sent no valid first request within {0:?} (handshake_timeout)")]
+    NoHandshake(Duration),
+    #[error(
+        "it held {held} bytes when all connections together passed {limit} (max_buffered_bytes)"
+    )]
+    OverBudget { held: usize, limit: usize },
     #[error("{0}")]
     Io(#[from] io::Error),
 }
@@ -254,6 +329,9 @@ struct Connection {
     /// Signalled when other connections queue bytes (wake-ups, events) for this one.
     wake: Arc<Notify>,
     max_frame: usize,
+    handshake_timeout: Duration,
+    /// This connection's share of the server's buffered bytes.
+    account: Account,
     stop: watch::Receiver<bool>,
 }
 
@@ -265,16 +343,24 @@ impl Connection {
         match result {
             Ok(()) => debug!(%peer, "store connection ended"),
             Err(Closed::Io(err)) => debug!(%peer, "store connection failed: {err}"),
+            // Idle connections by the thousand (a scan, a flood) must not flood the log as well.
+            Err(why @ Closed::NoHandshake(_)) => {
+                debug!(%peer, "store closed the connection: {why}")
+            }
             Err(why) => warn!(%peer, "store closed the connection: {why}"),
         }
     }
 
-    /// Serves until the client leaves (`Ok`), the server stops (`Ok`) or an error.
+    /// Serves until the client leaves (`Ok`), the server stops (`Ok`) or an error. Closes a
+    /// connection that does not complete its handshake in time or that the budget evicts.
     async fn run(&mut self) -> Result<(), Closed> {
-        let mut input = Vec::with_capacity(CHUNK);
+        // Buffers are allocated only while bytes are in flight: an idle connection holds none.
+        let mut input = Vec::new();
         let mut output = Vec::new();
         let mut decoder = RequestDecoder::new(self.max_frame);
         let mut validated = false;
+        let handshake = tokio::time::sleep(self.handshake_timeout);
+        tokio::pin!(handshake);
         loop {
             let backlog = match self.process(&mut input, &mut output, &mut decoder, &mut validated) {
                 // The refusal is queued: send it, so the agent can say why, then close.
@@ -284,28 +370,60 @@ impl Connection {
                 }
                 result => result?,
             };
+            self.account.set(input.len() + output.len());
             if !output.is_empty() {
                 tokio::select! {
                     written = self.stream.write_all(&output) => written?,
+                    () = self.account.evicted() => return Err(self.over_budget()),
                     _ = self.stop.changed() => return Ok(()),
                 }
                 output.clear();
                 if output.capacity() > 4 * CHUNK {
                     output = Vec::new();
                 }
+                self.account.set(input.len());
             }
             if backlog {
                 continue;
             }
-            if input.is_empty() && input.capacity() > 4 * CHUNK {
-                input = Vec::with_capacity(CHUNK);
+            if input.is_empty() {
+                input = Vec::new();
             }
-            input.reserve(CHUNK);
             tokio::select! {
-                read = self.stream.read_buf(&mut input) => if read? == 0 { return Ok(()) },
+                ready = self.stream.readable() => {
+                    ready?;
+                    if !self.read(&mut input)? {
+                        return Ok(());
+                    }
+                }
                 () = self.wake.notified() => {}
+                () = &mut handshake, if !validated => {
+                    return Err(Closed::NoHandshake(self.handshake_timeout));
+                }
+                () = self.account.evicted() => return Err(self.over_budget()),
                 _ = self.stop.changed() => return Ok(()),
             }
+        }
+    }
+
+    /// Reads what the socket has into `input`; false at end of stream.
+    fn read(&mut self, input: &mut Vec<u8>) -> io::Result<bool> {
+        input.reserve(CHUNK);
+        match self.stream.try_read_buf(input) {
+            Ok(0) => Ok(false),
+            Ok(_) => {
+                self.account.set(input.len());
+                Ok(true)
+            }
+            Err(err) if err.kind() == io::ErrorKind::WouldBlock => Ok(true),
+            Err(err) => Err(err),
+        }
+    }
+
+    fn over_budget(&self) -> Closed {
+        Closed::OverBudget {
+            held: self.account.bytes(),
+            limit: self.account.limit(),
         }
     }
 
@@ -357,6 +475,8 @@ impl Connection {
     }
 }
 
+#[cfg(test)]
+mod bound_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]

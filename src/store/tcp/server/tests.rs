@@ -13,27 +13,31 @@ use crate::store::tcp::frame::tests::{fuzz_cases, random_frame, Rng};
 use crate::store::tcp::frame::WatchMode;
 use crate::store::tcp::{Client, WatchEvent, WatchEventKind, WatchTarget};
 
-const TIMEOUT: Duration = Duration::from_secs(5);
-const VALIDATE: [u8; 5] = [0x00, 0xce, 0xf7, 0x85, 0x3c];
+pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const VALIDATE: [u8; 5] = [0x00, 0xce, 0xf7, 0x85, 0x3c];
 
-async fn start(config: ServerConfig) -> Server {
+pub(super) async fn start(config: ServerConfig) -> Server {
     Server::bind((Ipv4Addr::LOCALHOST, 0).into(), config)
         .await
         .unwrap()
 }
 
-async fn client(server: &Server) -> Client {
+pub(super) async fn client(server: &Server) -> Client {
     Client::connect(server.local_addr(), TIMEOUT).await.unwrap()
 }
 
 /// A raw connection that already sent VALIDATE.
-async fn raw(server: &Server) -> TcpStream {
+pub(super) async fn raw(server: &Server) -> TcpStream {
     let mut stream = TcpStream::connect(server.local_addr()).await.unwrap();
     stream.write_all(&VALIDATE).await.unwrap();
     stream
 }
 
-async fn request(stream: &mut TcpStream, request: Request<'_>, reply_len: usize) -> Vec<u8> {
+pub(super) async fn request(
+    stream: &mut TcpStream,
+    request: Request<'_>,
+    reply_len: usize,
+) -> Vec<u8> {
     let mut wire = Vec::new();
     request.encode(&mut wire);
     stream.write_all(&wire).await.unwrap();
@@ -46,7 +50,7 @@ async fn request(stream: &mut TcpStream, request: Request<'_>, reply_len: usize)
 }
 
 /// True when the server closed the connection (EOF or reset) within the timeout.
-async fn closed(stream: &mut TcpStream) -> bool {
+pub(super) async fn closed(stream: &mut TcpStream) -> bool {
     let mut buf = [0; 64];
     loop {
         match tokio::time::timeout(TIMEOUT, stream.read(&mut buf)).await {

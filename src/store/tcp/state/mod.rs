@@ -37,6 +37,8 @@ pub(crate) enum Refusal {
     Overflow { query: Query, key: String },
     #[error("the reply to {query:?} would exceed the {limit}-byte limit (max_frame_bytes)")]
     ReplyTooLarge { query: Query, limit: usize },
+    #[error("{query:?} would grow a value past the {limit}-byte limit (max_frame_bytes)")]
+    ValueTooLarge { query: Query, limit: usize },
     #[error("{0:?} on a watch connection: its reply could not be told apart from an event")]
     NotOnWatchConnection(Query),
     #[error("VALIDATE or HELLO after the first request")]
@@ -346,6 +348,14 @@ impl State {
                 frame::put_i64(out, i64::from(deleted));
             }
             Request::Append { key, value } => {
+                // Bounded like SET: the grown value must still fit a GET reply.
+                let len = self.kv.get(key).map_or(0, Vec::len) + value.len();
+                if 8 + len > self.max_frame {
+                    return Err(Refusal::ValueTooLarge {
+                        query,
+                        limit: self.max_frame,
+                    });
+                }
                 self.kv
                     .entry(key.to_vec())
                     .or_default()
