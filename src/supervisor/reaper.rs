@@ -84,9 +84,9 @@ impl Tree {
         self.procs.values().filter(|p| p.state != 'Z' && p.state != 'X')
     }
 
-    /// `pid`, its parent, its parent's parent... up to (not including) init.
+    /// `pid`, its parent, its parent's parent... up to init.
     fn lineage(&self, pid: i32) -> impl Iterator<Item = &ProcStat> {
-        std::iter::successors(self.procs.get(&pid), |p| self.procs.get(&p.ppid).filter(|_| p.ppid > 1)).take(64)
+        std::iter::successors(self.procs.get(&pid), |p| self.procs.get(&p.ppid)).take(64)
     }
 
     /// Whether `pid` is below `ancestor`.
@@ -374,7 +374,22 @@ fn guard_main(read: OwnedFd, cgroup: Option<PathBuf>) -> ! {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_stat;
+    use super::{parse_stat, ProcStat, Tree};
+
+    #[test]
+    fn descendants_through_adoption_and_new_sessions() {
+        let p = |pid, ppid, session| ProcStat { pid, state: 'S', ppid, session, start: 0 };
+        // 10 is the agent; 11 a worker; 20 its child in a session of its own; 30 a daemon adopted by the agent;
+        // 40 someone else's process.
+        let tree = Tree::of(vec![p(1, 0, 1), p(10, 1, 5), p(11, 10, 11), p(20, 11, 20), p(30, 10, 25), p(40, 1, 40)]);
+        let cases = [(11, true), (20, true), (30, true), (40, false), (10, false), (1, false), (99, false)];
+        for (pid, below_agent) in cases {
+            assert_eq!(tree.descends(pid, 10), below_agent, "{pid}");
+        }
+        assert!(tree.descends(10, 1), "everything descends from init, the agent as PID 1 included");
+        let lineage: Vec<i32> = tree.lineage(20).map(|p| p.pid).collect();
+        assert_eq!(lineage, [20, 11, 10, 1]);
+    }
 
     #[test]
     fn stat_with_odd_command_names() {
