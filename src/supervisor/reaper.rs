@@ -13,7 +13,8 @@
 //!   (SIGKILLed, too): when its pipe from the agent reaches EOF it kills the job cgroup, then every process
 //!   still in the sessions it was told about (each worker's, spare's and running hook's) or told about by
 //!   PID (without a cgroup: each process the agent saw outside those sessions, on any child's exit), and
-//!   their descendants.
+//!   their descendants. The one gap without a cgroup: a process that left its worker's session while its
+//!   parent lives, started after the agent's last look, can survive a SIGKILL of the agent.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
