@@ -35,11 +35,11 @@ impl Drop for GroupGuard {
 pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, guard: &Arc<OrphanGuard>) {
     let mut command = tokio::process::Command::new("sh");
     command.arg("-c").arg(cmd).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
-    let cgroup = guard.cgroup_procs();
+    let cgroup_procs = guard.cgroup_procs();
     // SAFETY: write and setsid are async-signal-safe.
     unsafe {
         command.pre_exec(move || {
-            if let Some(procs) = cgroup {
+            if let Some(procs) = cgroup_procs {
                 cgroup::join(procs)?;
             }
             nix::unistd::setsid().map(drop).map_err(std::io::Error::from)

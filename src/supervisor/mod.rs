@@ -424,7 +424,7 @@ impl WorkerGroup {
 /// `set_mempolicy(2)` mode: prefer the node, fall back to others rather than fail an allocation.
 const MPOL_PREFERRED: libc::c_int = 1;
 
-/// Spawns one worker (or warm spare): in the job cgroup (`cgroup`: its `cgroup.procs`, if there is one), its
+/// Spawns one worker (or warm spare): in the job cgroup (`cgroup_procs`, if there is one), its
 /// own session, SIGKILL when the agent dies, its CPU and memory placement. `stdio`: stdin, stdout, stderr.
 fn spawn_worker(
     program: &std::path::Path,
@@ -432,7 +432,7 @@ fn spawn_worker(
     env: &[(String, String)],
     placement: &Placement,
     stdio: [Stdio; 3],
-    cgroup: Option<std::os::fd::RawFd>,
+    cgroup_procs: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<tokio::process::Child> {
     let parent = nix::unistd::getpid();
     // Built before fork: the child only makes syscalls with them.
@@ -457,7 +457,7 @@ fn spawn_worker(
     // SAFETY: only async-signal-safe calls (write, setsid, prctl, getppid, raise) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
-            if let Some(procs) = cgroup {
+            if let Some(procs) = cgroup_procs {
                 cgroup::join(procs)?;
             }
             nix::unistd::setsid().map_err(std::io::Error::from)?;

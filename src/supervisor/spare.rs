@@ -142,8 +142,8 @@ impl WarmSpares {
             let spawned = UnixStream::pair().and_then(|(ours, theirs)| {
                 let stdin = Stdio::from(OwnedFd::from(theirs));
                 let stdio = [stdin, Stdio::null(), Stdio::inherit()];
-                let cgroup = self.guard.cgroup_procs();
-                super::spawn_worker(&cmd.program, &args, &env, &cmd.placement, stdio, cgroup).map(|child| (child, ours))
+                let procs = self.guard.cgroup_procs();
+                super::spawn_worker(&cmd.program, &args, &env, &cmd.placement, stdio, procs).map(|child| (child, ours))
             });
             match spawned {
                 Ok((child, ctrl)) => {
