@@ -9,7 +9,8 @@ use std::sync::Arc;
 use muster::agent::{self, Outcome};
 use muster::cli;
 use muster::config::{Host, LaunchConfig};
-use muster::supervisor::{failure, reaper::OrphanGuard};
+use muster::supervisor::failure;
+use muster::supervisor::reaper::{GuardError, OrphanGuard};
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -37,8 +38,12 @@ fn main() -> ExitCode {
     // supervisor/reaper.rs. On bad input it simply exits with the agent: no worker has started.
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),
+        Err(e @ GuardError::BadSetting(_)) => {
+            eprintln!("muster: error: {e}");
+            return ExitCode::from(2);
+        }
         Err(e) => {
-            eprintln!("muster: error: cannot start the orphan guard process: {e}");
+            eprintln!("muster: error: {e}");
             return ExitCode::from(1);
         }
     };
@@ -75,8 +80,10 @@ fn main() -> ExitCode {
         }
     };
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
-    let outcome = runtime.block_on(agent::run(cfg, guard, gpu_job));
+    let outcome = runtime.block_on(agent::run(cfg, guard.clone(), gpu_job));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Whatever the workers left running (a daemon in a session of its own, too) ends before the agent does.
+    guard.end();
     match outcome {
         Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
         Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),

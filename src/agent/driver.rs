@@ -178,7 +178,7 @@ impl Agent {
     /// it (`End::Interrupted`), as does any error.
     pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Agent, End> {
         let mut signals = crate::signals::install(&cfg.signals).map_err(|e| fail(AgentError::Signals(e)))?;
-        reaper::spawn_adopted_reaper();
+        reaper::spawn_adopted_reaper(guard.clone());
         let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
         let (hosted, store) = tokio::select! {
             r = open_rendezvous_store(&cfg) => r.map_err(fail)?,
@@ -376,7 +376,7 @@ impl Work {
         }
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env = super::gpu::hook_env(fault, &self.cfg.run_id);
-            crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT).await;
+            crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT, &self.guard).await;
         }
         Input::Drained
     }

@@ -1,16 +1,18 @@
 //! A user's hook command (`--on-node-fault`): `sh -c CMD`, bounded, in its own session, never fatal.
 //!
-//! The hook is a session leader like a worker, so on timeout (or if the caller stops waiting) its whole
-//! process group is killed and its session swept: nothing it started outlives it.
+//! The hook is a session leader in the job cgroup like a worker, known to the orphan guard while it runs, so
+//! on timeout (or if the caller stops waiting) its whole process group is killed and its session swept, and
+//! what it leaves running ends with the job: nothing it started outlives the agent.
 
-use std::collections::HashSet;
 use std::process::Stdio;
+use std::sync::Arc;
 use std::time::Duration;
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 
-use super::reaper;
+use super::cgroup;
+use super::reaper::{self, OrphanGuard};
 
 /// How long a killed hook may take to be reaped (SIGKILL; only uninterruptible sleep delays it).
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -30,12 +32,18 @@ impl Drop for GroupGuard {
 /// Runs `sh -c cmd` with `env` on top of the agent's environment (stdin from /dev/null, output to the
 /// agent's), waits up to `timeout`, and logs the outcome. On timeout its process group is SIGKILLed and its
 /// session swept. Never fails the caller.
-pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration) {
+pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, guard: &Arc<OrphanGuard>) {
     let mut command = tokio::process::Command::new("sh");
     command.arg("-c").arg(cmd).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
-    // SAFETY: setsid is async-signal-safe.
+    let cgroup_procs = guard.cgroup_procs();
+    // SAFETY: write and setsid are async-signal-safe.
     unsafe {
-        command.pre_exec(|| nix::unistd::setsid().map(drop).map_err(std::io::Error::from));
+        command.pre_exec(move || {
+            if let Some(procs) = cgroup_procs {
+                cgroup::join(procs)?;
+            }
+            nix::unistd::setsid().map(drop).map_err(std::io::Error::from)
+        });
     }
     let mut child = match command.spawn() {
         Ok(child) => child,
@@ -48,18 +56,29 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration) {
         tracing::warn!("the hook `{cmd}` exited before its pid could be read");
         return;
     };
-    let mut guard = GroupGuard(Some(pid));
-    match tokio::time::timeout(timeout, child.wait()).await {
+    guard.watch(pid);
+    let mut group = GroupGuard(Some(pid));
+    let outcome = tokio::time::timeout(timeout, child.wait()).await;
+    if outcome.is_ok() {
+        group.0 = None;
+        // What it left running ends with the job: out of the guard's sessions, so the agent rechecks its
+        // children now rather than at the next SIGCHLD, which may already have come.
+        guard.forget(pid);
+        let recheck = guard.clone();
+        let _ = tokio::task::spawn_blocking(move || recheck.recheck()).await;
+    }
+    match outcome {
         Ok(Ok(status)) if status.success() => tracing::info!("hook `{cmd}` ran"),
         Ok(Ok(status)) => tracing::warn!("hook `{cmd}` failed: {status}"),
         Ok(Err(e)) => tracing::warn!("cannot wait for the hook `{cmd}`: {e}"),
         Err(_) => {
-            guard.0 = None;
+            group.0 = None;
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             // The sweep runs before the hook is reaped, so its session id cannot have been reused yet.
             let me = std::process::id() as i32;
-            let swept = tokio::task::spawn_blocking(move || reaper::kill_sessions(&HashSet::from([pid]), Some(me)));
-            let swept = swept.await.unwrap_or_default();
+            let sweep = move || reaper::freeze_and_kill(|tree, p| p.session == pid && tree.descends(p.pid, me));
+            let swept = tokio::task::spawn_blocking(sweep).await.unwrap_or_default();
+            guard.forget(pid);
             if tokio::time::timeout(REAP_TIMEOUT, child.wait()).await.is_err() {
                 tracing::error!("the hook `{cmd}` did not exit after SIGKILL (uninterruptible kernel sleep?)");
             }
@@ -88,7 +107,8 @@ mod tests {
         let pidfile = dir.path().join("pid");
         let cmd = format!("sleep 1000 & echo $! > {}.tmp && mv {0}.tmp {0}; wait", pidfile.display());
         let env = [("MUSTER_TEST".to_string(), "1".to_string())];
-        let hook = tokio::spawn(async move { run_hook(&cmd, &env, Duration::from_secs(2)).await });
+        let guard = Arc::new(OrphanGuard::inert());
+        let hook = tokio::spawn(async move { run_hook(&cmd, &env, Duration::from_secs(2), &guard).await });
         let deadline = std::time::Instant::now() + Duration::from_secs(2);
         let sleeper = loop {
             if let Ok(text) = std::fs::read_to_string(&pidfile) {
@@ -107,7 +127,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_failing_or_missing_hook_does_not_fail_the_caller() {
-        run_hook("exit 3", &[], Duration::from_secs(30)).await;
-        run_hook("/nonexistent/hook", &[], Duration::from_secs(30)).await;
+        let guard = Arc::new(OrphanGuard::inert());
+        run_hook("exit 3", &[], Duration::from_secs(30), &guard).await;
+        run_hook("/nonexistent/hook", &[], Duration::from_secs(30), &guard).await;
     }
 }

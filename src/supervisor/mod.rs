@@ -6,12 +6,14 @@
 //! - the first non-zero exit stops the siblings (SIGTERM to each worker's process group, the grace period,
 //!   then SIGKILL), and every sibling that then exits non-zero is recorded too, as torchrun does;
 //! - a forwarded signal stops the group the same way with that signal;
-//! - after any stop, whatever is left in the workers' sessions (grandchildren) is SIGKILLed.
+//! - after any stop, whatever the workers left (grandchildren, daemons in sessions of their own) is SIGKILLed.
 //!
 //! Workers run in their own session with a parent-death signal of SIGKILL, and are spawned only from the
 //! agent's main thread (the agent loop runs in `block_on` there), because the parent-death signal fires when
-//! the *spawning thread* exits. `reaper.rs` covers the agent being killed outright.
+//! the *spawning thread* exits. Where the job has a cgroup (`cgroup.rs`), each joins it before exec.
+//! `reaper.rs` covers the agent being killed outright.
 
+pub mod cgroup;
 pub mod env;
 pub mod failure;
 pub mod hook;
@@ -231,7 +233,8 @@ impl WorkerGroup {
             }
             None => {
                 let (stdout, stderr) = (Stdio::from(out_fd), Stdio::from(err_fd));
-                spawn_worker(&cmd.program, &cmd.args, &cmd.env, &cmd.placement, Stdio::inherit(), stdout, stderr)
+                let stdio = [Stdio::inherit(), stdout, stderr];
+                spawn_worker(&cmd.program, &cmd.args, &cmd.env, &cmd.placement, stdio, self.guard.cgroup_procs())
                     .map_err(spawn_error)?
             }
         };
@@ -344,7 +347,7 @@ impl WorkerGroup {
     }
 
     /// Stops every running worker: `sig` to each process group, up to `grace` for all of them, SIGKILL to
-    /// the rest, then a sweep of their sessions and the output pipes drained. Returns the failures (non-zero
+    /// the rest, then a sweep of what they left and the output pipes drained. Returns the failures (non-zero
     /// exits) not reported by `watch`, which includes the workers that exited meanwhile. Run it to completion.
     pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<ProcessFailure> {
         for w in self.workers.iter().filter(|w| w.running) {
@@ -382,23 +385,24 @@ impl WorkerGroup {
         failures
     }
 
-    /// Kills whatever is left in the workers' sessions, stops the file timer and lets the tee pipes drain.
+    /// Kills whatever the workers left (in their sessions or not), stops the file timer and lets the tee pipes
+    /// drain.
     /// Resumable: a cancelled call leaves what it did not finish to the next.
     async fn finish(&mut self) {
         if !self.swept {
             let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
             let timer = self.timer.take();
-            let me = std::process::id() as i32;
+            let guard = self.guard.clone();
             let sweep = tokio::task::spawn_blocking(move || {
                 if let Some(timer) = timer {
                     timer.close();
                 }
-                reaper::kill_sessions(&sessions, Some(me))
+                guard.sweep(&sessions)
             });
             match sweep.await {
                 Ok(0) => {}
-                Ok(killed) => tracing::info!(killed, "killed processes left behind in the workers' sessions"),
-                Err(e) => tracing::error!("cannot sweep the workers' sessions: {e}"),
+                Ok(killed) => tracing::info!(killed, "killed processes the workers left behind"),
+                Err(e) => tracing::error!("cannot sweep what the workers left behind: {e}"),
             }
             for w in &self.workers {
                 self.guard.forget(w.pid);
@@ -420,16 +424,15 @@ impl WorkerGroup {
 /// `set_mempolicy(2)` mode: prefer the node, fall back to others rather than fail an allocation.
 const MPOL_PREFERRED: libc::c_int = 1;
 
-/// Spawns one worker (or warm spare): its own session, SIGKILL when the agent dies, its CPU and memory
-/// placement.
+/// Spawns one worker (or warm spare): in the job cgroup (`cgroup_procs`, if there is one), its
+/// own session, SIGKILL when the agent dies, its CPU and memory placement. `stdio`: stdin, stdout, stderr.
 fn spawn_worker(
     program: &std::path::Path,
     args: &[String],
     env: &[(String, String)],
     placement: &Placement,
-    stdin: Stdio,
-    stdout: Stdio,
-    stderr: Stdio,
+    stdio: [Stdio; 3],
+    cgroup_procs: Option<std::os::fd::RawFd>,
 ) -> std::io::Result<tokio::process::Child> {
     let parent = nix::unistd::getpid();
     // Built before fork: the child only makes syscalls with them.
@@ -448,11 +451,15 @@ fn spawn_worker(
         mask[(n / 64) as usize] |= 1 << (n % 64);
         mask
     });
+    let [stdin, stdout, stderr] = stdio;
     let mut cmd = tokio::process::Command::new(program);
     cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdin(stdin).stdout(stdout).stderr(stderr);
-    // SAFETY: only async-signal-safe calls (setsid, prctl, getppid, raise) run between fork and exec.
+    // SAFETY: only async-signal-safe calls (write, setsid, prctl, getppid, raise) run between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            if let Some(procs) = cgroup_procs {
+                cgroup::join(procs)?;
+            }
             nix::unistd::setsid().map_err(std::io::Error::from)?;
             nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(std::io::Error::from)?;
             if nix::unistd::getppid() != parent {

@@ -1,22 +1,36 @@
-//! Nothing outlives the agent: the orphan guard, session sweeps, and reaping adopted children.
+//! Nothing outlives the agent: the orphan guard, sweeps, and reaping adopted children.
 //!
-//! Three layers, because each covers what the others cannot:
-//! - every worker has a parent-death signal of SIGKILL (set in `spawn.rs`), which kills the worker itself
-//!   when the agent dies, however it dies;
-//! - the *orphan guard*, a tiny process forked before the runtime starts, learns each worker's session id over
-//!   a pipe. When the pipe reaches EOF — the agent has exited or was SIGKILLed — it SIGKILLs every process
-//!   still in those sessions (a dataloader worker, a `bash -c` grandchild) and exits;
-//! - the agent is a child subreaper, so orphaned grandchildren are re-parented to it while it runs; it kills
-//!   them by session on every stop and reaps the zombies (also what PID 1 in a container must do).
+//! The layers, because each covers what the others cannot:
+//! - every worker has a parent-death signal of SIGKILL (set in `spawn_worker`), which kills the worker
+//!   itself when the agent dies, however it dies;
+//! - the agent is a child subreaper, so while it runs everything its workers leave behind (a daemon that
+//!   double-forked and called `setsid`, too) is re-parented to it: the agent's descendants are exactly the
+//!   job's processes. It sweeps them at every stop of the group and at its end, and reaps adopted zombies
+//!   (also what PID 1 in a container must do);
+//! - where it may create one, the *job cgroup* (`cgroup.rs`) holds every worker, spare and hook and all they
+//!   start; the agent kills it at its end, and so does the guard;
+//! - the *orphan guard*, a tiny process forked before the runtime starts, runs after the agent is gone
+//!   (SIGKILLed, too): when its pipe from the agent reaches EOF it kills the job cgroup, then every process
+//!   still in the sessions it was told about (each worker's, spare's and running hook's) or told about by
+//!   PID (without a cgroup: each process the agent saw outside those sessions, on any child's exit), and
+//!   their descendants. The one gap without a cgroup: a process that left its worker's session while its
+//!   parent lives, started after the agent's last look, can survive a SIGKILL of the agent.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
-use std::sync::Mutex;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::{ForkResult, Pid};
+
+use super::cgroup::{self, JobCgroup, Unavailable};
+
+/// How long the processes of a killed cgroup may take to exit (only uninterruptible sleep delays SIGKILL).
+const KILL_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One line of `/proc/<pid>/stat` that matters here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +39,8 @@ pub struct ProcStat {
     pub state: char,
     pub ppid: i32,
     pub session: i32,
+    /// Clock ticks after boot: with the PID, names one process even once the PID is reused.
+    pub start: u64,
 }
 
 /// Parses `/proc/<pid>/stat`; the command name may contain spaces and parentheses, so fields are counted
@@ -37,60 +53,71 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     let ppid = f.next()?.parse().ok()?;
     let _pgrp = f.next()?;
     let session = f.next()?.parse().ok()?;
-    Some(ProcStat { pid, state, ppid, session })
+    // Field 22 of stat(5); the fields after the command name start at 3.
+    let start = f.nth(22 - 7)?.parse().ok()?;
+    Some(ProcStat { pid, state, ppid, session, start })
 }
 
-/// Every process visible in `/proc`, skipping ones that vanish while we read.
-pub fn processes() -> Vec<ProcStat> {
-    let Ok(dir) = std::fs::read_dir("/proc") else { return Vec::new() };
-    dir.filter_map(|e| e.ok())
-        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
-        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
-        .filter_map(|t| parse_stat(&t))
-        .collect()
+/// Every process visible in `/proc` at one moment, with who is whose parent.
+pub struct Tree {
+    procs: HashMap<i32, ProcStat>,
 }
 
-/// SIGKILLs every live process whose session is one of `sessions`, repeating while new ones appear (a
-/// process may fork between the scan and the kill). Returns how many were signalled.
-///
-/// With `ancestor`, only that process's descendants are candidates: once a worker (the session leader) has
-/// exited its PID, and so the session id, may be reused by an unrelated new session — another job's worker.
-/// The agent, a subreaper, is the ancestor of everything its workers left behind; the orphan guard, which
-/// runs after the agent is gone, has no ancestor to check and sweeps at once.
-pub fn kill_sessions(sessions: &HashSet<i32>, ancestor: Option<i32>) -> usize {
-    if sessions.is_empty() {
-        return 0;
-    }
-    let me = std::process::id() as i32;
-    let mut total = 0;
-    for _ in 0..5 {
-        let all = processes();
-        let parent: std::collections::HashMap<i32, i32> = all.iter().map(|p| (p.pid, p.ppid)).collect();
-        let descends = |mut pid: i32, from: i32| {
-            for _ in 0..64 {
-                match parent.get(&pid) {
-                    Some(&ppid) if ppid == from => return true,
-                    Some(&ppid) if ppid > 1 => pid = ppid,
-                    _ => return false,
-                }
-            }
-            false
-        };
-        let victims: Vec<i32> = all
-            .iter()
-            .filter(|p| sessions.contains(&p.session) && p.state != 'Z' && p.pid != me)
-            .filter(|p| ancestor.is_none_or(|a| descends(p.pid, a)))
-            .map(|p| p.pid)
+impl Tree {
+    /// Reads `/proc`, skipping processes that vanish while we read.
+    pub fn scan() -> Tree {
+        let Ok(dir) = std::fs::read_dir("/proc") else { return Tree::of(Vec::new()) };
+        let procs = dir
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+            .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+            .filter_map(|t| parse_stat(&t))
             .collect();
-        if victims.is_empty() {
+        Tree::of(procs)
+    }
+
+    fn of(procs: Vec<ProcStat>) -> Tree {
+        Tree { procs: procs.into_iter().map(|p| (p.pid, p)).collect() }
+    }
+
+    /// The processes that have not exited (a zombie holds nothing but its PID).
+    pub fn live(&self) -> impl Iterator<Item = &ProcStat> {
+        self.procs.values().filter(|p| p.state != 'Z' && p.state != 'X')
+    }
+
+    /// `pid`, its parent, its parent's parent... up to init.
+    fn lineage(&self, pid: i32) -> impl Iterator<Item = &ProcStat> {
+        std::iter::successors(self.procs.get(&pid), |p| self.procs.get(&p.ppid)).take(64)
+    }
+
+    /// Whether `pid` is below `ancestor`.
+    pub fn descends(&self, pid: i32, ancestor: i32) -> bool {
+        self.lineage(pid).skip(1).any(|p| p.pid == ancestor)
+    }
+}
+
+/// SIGKILLs every live process `select` takes (never this one). Each is SIGSTOPped first and `/proc` read
+/// again until no new one appears, so a process cannot fork its way out between a scan and the kill, and
+/// parentage (a selection's "below X") holds while the sweep runs. Returns how many were killed.
+pub fn freeze_and_kill(select: impl Fn(&Tree, &ProcStat) -> bool) -> usize {
+    let me = std::process::id() as i32;
+    let mut stopped = HashSet::new();
+    for _ in 0..16 {
+        let tree = Tree::scan();
+        let new: Vec<i32> =
+            tree.live().filter(|p| p.pid != me && !stopped.contains(&p.pid) && select(&tree, p)).map(|p| p.pid).collect();
+        if new.is_empty() {
             break;
         }
-        for pid in &victims {
-            let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+        for pid in new {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGSTOP);
+            stopped.insert(pid);
         }
-        total += victims.len();
     }
-    total
+    for pid in &stopped {
+        let _ = kill(Pid::from_raw(*pid), Signal::SIGKILL);
+    }
+    stopped.len()
 }
 
 /// PIDs of the agent's own direct children whose exit status belongs to someone else (tokio, for workers;
@@ -98,73 +125,190 @@ pub fn kill_sessions(sessions: &HashSet<i32>, ancestor: Option<i32>) -> usize {
 /// take a status tokio is waiting for.
 pub static OWN_CHILDREN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
-/// Reaps zombie children the agent adopted as a subreaper (or as PID 1) — never its own workers.
-pub fn reap_adopted() -> usize {
+/// What the agent does when one of its children changes state (SIGCHLD): reaps the adopted zombies (never
+/// its own workers') and, without a cgroup, tells the guard about every process outside the sessions it holds.
+fn on_child_event(guard: &OrphanGuard) {
     let me = std::process::id() as i32;
-    let Ok(own) = OWN_CHILDREN.lock() else { return 0 };
-    let mut reaped = 0;
-    for p in processes() {
+    let Ok(own) = OWN_CHILDREN.lock() else { return };
+    // Read under the lock: a worker is either not forked yet or already in `own`.
+    let tree = Tree::scan();
+    for p in tree.procs.values() {
         if p.ppid == me && p.state == 'Z' && !own.contains(&p.pid) {
             if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
                 tracing::debug!(pid = p.pid, ?status, "reaped adopted process");
-                reaped += 1;
             }
         }
     }
-    reaped
+    if guard.cgroup.is_err() {
+        guard.track(&tree, &own);
+    }
 }
 
-/// Reaps adopted zombies whenever a child changes state (SIGCHLD), off the async threads.
-pub fn spawn_adopted_reaper() {
+/// Watches the agent's children from now on (SIGCHLD), off the async threads; says how the job's processes
+/// are contained.
+pub fn spawn_adopted_reaper(guard: Arc<OrphanGuard>) {
+    match &guard.cgroup {
+        Ok(cg) => tracing::info!("job cgroup {}: the job's processes are kept in it and end with the job", cg.dir().display()),
+        Err(why) => tracing::info!(
+            "no job cgroup ({why}); the job's processes are tracked by session and as the agent adopts them"
+        ),
+    }
     let Ok(mut sigchld) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) else {
         tracing::warn!("cannot watch SIGCHLD; adopted orphans will stay zombies until the agent exits");
         return;
     };
     tokio::spawn(async move {
         while sigchld.recv().await.is_some() {
-            let _ = tokio::task::spawn_blocking(reap_adopted).await;
+            let guard = guard.clone();
+            let _ = tokio::task::spawn_blocking(move || on_child_event(&guard)).await;
         }
     });
 }
 
-/// The agent's end of the orphan guard.
+#[derive(Debug, thiserror::Error)]
+pub enum GuardError {
+    #[error(transparent)]
+    BadSetting(#[from] cgroup::BadSetting),
+    #[error("cannot start the orphan guard process: {0}")]
+    Start(#[from] std::io::Error),
+}
+
+/// The agent's end of the orphan guard, and what the agent knows of the job's processes.
 #[derive(Debug)]
 pub struct OrphanGuard {
     pipe: Mutex<std::fs::File>,
+    /// The guard process, a child of the agent that no sweep takes.
+    pid: i32,
+    cgroup: Result<JobCgroup, Unavailable>,
+    /// The sessions the guard holds: each running worker's, spare's and hook's.
+    sessions: Mutex<HashSet<i32>>,
+    /// Without a cgroup: the processes outside those sessions the guard was told about, with start times.
+    told: Mutex<HashMap<i32, u64>>,
 }
 
 impl OrphanGuard {
-    /// Forks the guard and makes this process a child subreaper.
+    /// Creates the job cgroup (unless `MUSTER_CGROUP=off` or it cannot be), forks the guard and makes this
+    /// process a child subreaper.
     ///
     /// Must run before any other thread exists (before the tokio runtime): the child only runs plain Rust
     /// after `fork`, which is sound in a single-threaded process.
-    pub fn start() -> std::io::Result<OrphanGuard> {
+    pub fn start() -> Result<OrphanGuard, GuardError> {
+        let setting = std::env::var(cgroup::SETTING_VAR).ok();
+        let cgroup = if cgroup::wanted(setting.as_deref())? { JobCgroup::create() } else { Err(Unavailable::Off) };
         nix::sys::prctl::set_child_subreaper(true).map_err(std::io::Error::from)?;
         let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(std::io::Error::from)?;
+        let dir = cgroup.as_ref().ok().map(|cg| cg.dir().to_path_buf());
         // SAFETY: called while the process is single-threaded (see above).
         match unsafe { nix::unistd::fork() }.map_err(std::io::Error::from)? {
             ForkResult::Child => {
                 drop(write);
-                guard_main(read)
+                guard_main(read, dir)
             }
             ForkResult::Parent { child } => {
                 drop(read);
                 if let Ok(mut own) = OWN_CHILDREN.lock() {
                     own.push(child.as_raw());
                 }
-                Ok(OrphanGuard { pipe: Mutex::new(std::fs::File::from(write)) })
+                Ok(OrphanGuard {
+                    pipe: Mutex::new(std::fs::File::from(write)),
+                    pid: child.as_raw(),
+                    cgroup,
+                    sessions: Mutex::new(HashSet::new()),
+                    told: Mutex::new(HashMap::new()),
+                })
             }
         }
     }
 
+    /// A guard that kills nothing, with no cgroup, for unit tests of the code that reports to it.
+    #[cfg(test)]
+    pub(crate) fn inert() -> OrphanGuard {
+        let null = std::fs::OpenOptions::new().write(true).open("/dev/null").expect("/dev/null");
+        OrphanGuard {
+            pipe: Mutex::new(null),
+            pid: 0,
+            cgroup: Err(Unavailable::Off),
+            sessions: Mutex::new(HashSet::new()),
+            told: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Reads the agent's children now, as on SIGCHLD: for a session just forgotten that may have left
+    /// processes. Blocking (reads `/proc`).
+    pub fn recheck(&self) {
+        on_child_event(self);
+    }
+
+    /// The job cgroup's `cgroup.procs`, for a child to `cgroup::join` before exec; None without a cgroup.
+    pub fn cgroup_procs(&self) -> Option<RawFd> {
+        self.cgroup.as_ref().ok().map(JobCgroup::procs_fd)
+    }
+
     /// From now on the guard kills session `sid` if the agent dies.
     pub fn watch(&self, sid: i32) {
-        self.send(&format!("+{sid}\n"));
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.insert(sid);
+        }
+        self.send(&format!("+s {sid}\n"));
     }
 
     /// Session `sid` has been swept by the agent itself; the guard forgets it (its id may be reused).
     pub fn forget(&self, sid: i32) {
-        self.send(&format!("-{sid}\n"));
+        if let Ok(mut sessions) = self.sessions.lock() {
+            sessions.remove(&sid);
+        }
+        self.send(&format!("-s {sid}\n"));
+    }
+
+    /// Kills the agent's descendants (the guard aside) that are in one of the `ending` sessions or in none the
+    /// guard holds: whatever a stopped group left, wherever it went, sparing warm spares and a running hook.
+    /// Blocking (reads `/proc`).
+    pub fn sweep(&self, ending: &HashSet<i32>) -> usize {
+        let keep: HashSet<i32> = match self.sessions.lock() {
+            Ok(sessions) => sessions.difference(ending).copied().collect(),
+            Err(_) => HashSet::new(),
+        };
+        self.sweep_keeping(&keep)
+    }
+
+    fn sweep_keeping(&self, keep: &HashSet<i32>) -> usize {
+        let me = std::process::id() as i32;
+        freeze_and_kill(|tree, p| p.pid != self.pid && !keep.contains(&p.session) && tree.descends(p.pid, me))
+    }
+
+    /// The agent's end: kills every process of the job, then removes the job cgroup. Blocking; call it once
+    /// the runtime is shut down.
+    pub fn end(&self) {
+        let killed = self.sweep_keeping(&HashSet::new());
+        if killed > 0 {
+            tracing::info!(killed, "killed processes of the job left running at its end");
+        }
+        if let Ok(cg) = &self.cgroup {
+            if let Err(e) = cgroup::kill_and_remove(cg.dir(), KILL_TIMEOUT) {
+                tracing::warn!("{e}");
+            }
+        }
+    }
+
+    /// Tells the guard about each live descendant outside the sessions it holds (but the agent's own
+    /// children `own`: a worker being started is not in its session yet), and which of those are gone.
+    fn track(&self, tree: &Tree, own: &[i32]) {
+        let me = std::process::id() as i32;
+        let (Ok(sessions), Ok(mut told)) = (self.sessions.lock(), self.told.lock()) else { return };
+        let alive = |pid: i32, start: u64| tree.procs.get(&pid).is_some_and(|p| p.start == start && p.state != 'Z');
+        let gone: Vec<i32> = told.iter().filter(|(pid, start)| !alive(**pid, **start)).map(|(pid, _)| *pid).collect();
+        for pid in gone {
+            told.remove(&pid);
+            self.send(&format!("-p {pid}\n"));
+        }
+        for p in tree.live() {
+            let outside = !sessions.contains(&p.session) && p.pid != self.pid && !own.contains(&p.pid);
+            if outside && !told.contains_key(&p.pid) && tree.descends(p.pid, me) {
+                tracing::debug!("process {} left the job's sessions; the orphan guard will end it with the job", p.pid);
+                told.insert(p.pid, p.start);
+                self.send(&format!("+p {} {}\n", p.pid, p.start));
+            }
+        }
     }
 
     fn send(&self, line: &str) {
@@ -177,8 +321,9 @@ impl OrphanGuard {
     }
 }
 
-/// The guard process: track sessions until the agent's end of the pipe closes, then kill what is left.
-fn guard_main(read: OwnedFd) -> ! {
+/// The guard process: track sessions and processes until the agent's end of the pipe closes, then kill the
+/// job cgroup and what is left.
+fn guard_main(read: OwnedFd, cgroup: Option<PathBuf>) -> ! {
     // Out of the agent's session so a terminal's Ctrl-C or a kill of the agent's group leaves it alive to
     // clean up; immune to the polite signals, it ends only at EOF.
     let _ = nix::unistd::setsid();
@@ -196,32 +341,62 @@ fn guard_main(read: OwnedFd) -> ! {
         }
     }
     let mut sessions = HashSet::new();
-    let reader = BufReader::new(std::fs::File::from(read));
-    for line in reader.lines() {
+    let mut procs = HashMap::new();
+    for line in BufReader::new(std::fs::File::from(read)).lines() {
         let Ok(line) = line else { break };
-        let (op, sid) = line.split_at(line.len().min(1));
-        match (op, sid.parse::<i32>()) {
-            ("+", Ok(sid)) => {
+        let mut fields = line.split(' ');
+        let (op, id, start) = (fields.next(), fields.next(), fields.next());
+        let id = id.and_then(|f| f.parse::<i32>().ok());
+        match (op, id, start.and_then(|f| f.parse::<u64>().ok())) {
+            (Some("+s"), Some(sid), _) => {
                 sessions.insert(sid);
             }
-            ("-", Ok(sid)) => {
+            (Some("-s"), Some(sid), _) => {
                 sessions.remove(&sid);
+            }
+            (Some("+p"), Some(pid), Some(start)) => {
+                procs.insert(pid, start);
+            }
+            (Some("-p"), Some(pid), _) => {
+                procs.remove(&pid);
             }
             _ => {}
         }
     }
-    kill_sessions(&sessions, None);
+    if let Some(dir) = cgroup {
+        let _ = cgroup::kill_and_remove(&dir, KILL_TIMEOUT);
+    }
+    // No ancestor to check: the agent is gone. A process named by PID must still have its start time.
+    freeze_and_kill(|tree, p| {
+        tree.lineage(p.pid).any(|q| sessions.contains(&q.session) || procs.get(&q.pid) == Some(&q.start))
+    });
     std::process::exit(0)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::parse_stat;
+    use super::{parse_stat, ProcStat, Tree};
+
+    #[test]
+    fn descendants_through_adoption_and_new_sessions() {
+        let p = |pid, ppid, session| ProcStat { pid, state: 'S', ppid, session, start: 0 };
+        // 10 is the agent; 11 a worker; 20 its child in a session of its own; 30 a daemon adopted by the agent;
+        // 40 someone else's process.
+        let tree = Tree::of(vec![p(1, 0, 1), p(10, 1, 5), p(11, 10, 11), p(20, 11, 20), p(30, 10, 25), p(40, 1, 40)]);
+        let cases = [(11, true), (20, true), (30, true), (40, false), (10, false), (1, false), (99, false)];
+        for (pid, below_agent) in cases {
+            assert_eq!(tree.descends(pid, 10), below_agent, "{pid}");
+        }
+        assert!(tree.descends(10, 1), "everything descends from init, the agent as PID 1 included");
+        let lineage: Vec<i32> = tree.lineage(20).map(|p| p.pid).collect();
+        assert_eq!(lineage, [20, 11, 10, 1]);
+    }
 
     #[test]
     fn stat_with_odd_command_names() {
-        let s = parse_stat("4242 (py (worker) 1) S 17 4242 4242 0 -1 4194560 0").unwrap();
-        assert_eq!((s.pid, s.state, s.ppid, s.session), (4242, 'S', 17, 4242));
+        let line = "4242 (py (worker) 1) S 17 4242 4242 0 -1 4194560 1 0 0 0 5 2 0 0 20 0 1 0 987654 1000 2";
+        let s = parse_stat(line).unwrap();
+        assert_eq!((s.pid, s.state, s.ppid, s.session, s.start), (4242, 'S', 17, 4242, 987654));
         assert!(parse_stat("garbage").is_none());
     }
 }

@@ -12,8 +12,8 @@
 //! apart from the per-start variables (`env::PER_START`), so whatever its imports read from the environment
 //! (OMP_NUM_THREADS, CUDA_VISIBLE_DEVICES, ...) is what the worker would have read. Every other spare is
 //! killed and that worker starts cold, as does a worker whose spare died or did not take the hand-over.
-//! Spares are session leaders with the workers' parent-death signal and are known to the orphan guard, so
-//! they never outlive the agent.
+//! Spares are session leaders in the job cgroup with the workers' parent-death signal and are known to the
+//! orphan guard, so they never outlive the agent.
 
 use std::collections::BTreeMap;
 use std::io::{IoSlice, Read, Write};
@@ -141,8 +141,9 @@ impl WarmSpares {
             env.push((SPARE_VAR.to_string(), "1".to_string()));
             let spawned = UnixStream::pair().and_then(|(ours, theirs)| {
                 let stdin = Stdio::from(OwnedFd::from(theirs));
-                super::spawn_worker(&cmd.program, &args, &env, &cmd.placement, stdin, Stdio::null(), Stdio::inherit())
-                    .map(|child| (child, ours))
+                let stdio = [stdin, Stdio::null(), Stdio::inherit()];
+                let procs = self.guard.cgroup_procs();
+                super::spawn_worker(&cmd.program, &args, &env, &cmd.placement, stdio, procs).map(|child| (child, ours))
             });
             match spawned {
                 Ok((child, ctrl)) => {
