@@ -75,6 +75,8 @@ fn main() -> ExitCode {
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
     let outcome = runtime.block_on(agent::run(cfg, guard, gpu_job));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
+    // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
+    muster::supervisor::logs::flush_console();
     match outcome {
         Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
         Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),
