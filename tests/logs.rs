@@ -166,7 +166,7 @@ fn a_console_nobody_reads_holds_up_neither_the_worker_nor_its_log_file() {
 #[test]
 fn a_console_that_keeps_up_gets_every_line_and_no_notice() {
     let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    // Within the console's buffer (about 1 MiB), however the test's reader is scheduled.
+    // Within the console's buffer (4 MiB), however the test's reader is scheduled.
     let kib = 512;
     let out = run(&mut flood(logs.path(), dir.path(), kib), Duration::from_secs(120));
     assert!(out.status.success(), "{}", out.stderr);

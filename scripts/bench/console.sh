@@ -59,16 +59,24 @@ one_run() {
     "${cmd[@]}" >"$dir/console" 2>&1
     t1=$EPOCHREALTIME
   else
-    { t0=$EPOCHREALTIME; "${cmd[@]}"; echo "$t0 $EPOCHREALTIME" >"$dir/wall"; } 2>&1 | slow_reader "$RATE" >"$dir/console"
+    { t0=$EPOCHREALTIME; "${cmd[@]}"; echo "$t0 $EPOCHREALTIME" >"$dir/wall"; } 2>&1 |
+      slow_reader "$RATE" >"$dir/console"
     read -r t0 t1 <"$dir/wall"
   fi
   local log size
   log="$(find "$dir/logs" -name stdout.log)"
   size="$(stat -c %s "$log")"
-  if [ "$size" != "$expected_bytes" ]; then echo "bench: $case run $2: log file has $size bytes, expected $expected_bytes" >&2; exit 1; fi
+  if [ "$size" != "$expected_bytes" ]; then
+    echo "bench: $case run $2: log file has $size bytes, expected $expected_bytes" >&2
+    exit 1
+  fi
   local notices
-  notices="$(grep -c '^\[muster\] dropped [0-9]* console lines of rank 0; the log file has them$' "$dir/console" || true)"
-  if [ "$case" = slow ] && [ "$notices" = 0 ]; then echo "bench: slow run $2: no drop notice on the console" >&2; exit 1; fi
+  local notice='^\[muster\] dropped [0-9]* console lines of rank 0; the log file has them$'
+  notices="$(grep -c "$notice" "$dir/console" || true)"
+  if [ "$case" = slow ] && [ "$notices" = 0 ]; then
+    echo "bench: slow run $2: no drop notice on the console" >&2
+    exit 1
+  fi
   local worker
   worker="$(awk '{print $2}' "$dir/out/0.flooded")"
   printf '%-5s run %d: worker %6.2f s, muster %6.2f s, console %s bytes, %s drop notices\n' \

@@ -299,26 +299,16 @@ impl TeeSink {
     /// One line, with or without its newline (the last before EOF, or a piece of an over-long line, has
     /// none): to the console and, when it matches a filter, to the filtered file, both with the header.
     fn line(&mut self, line: &[u8]) {
-        let header = &self.header;
-        let render = || {
-            let text = String::from_utf8_lossy(line);
-            let mut out = Vec::with_capacity(header.len() + text.len() + 1);
-            out.extend_from_slice(header.as_bytes());
-            out.extend_from_slice(text.as_bytes());
-            if !out.ends_with(b"\n") {
-                out.push(b'\n');
-            }
-            out
-        };
+        let text = String::from_utf8_lossy(line);
+        let newline: &[u8] = if text.ends_with('\n') { b"" } else { b"\n" };
+        let parts = [self.header.as_bytes(), text.as_bytes(), newline];
         if let Some(console) = self.console.as_mut() {
-            // Invalid UTF-8 grows when replaced, so the length is an estimate; the queue counts what it holds.
-            console.offer(header.len() + line.len() + 1, render);
+            console.offer(&parts);
         }
         if let Some(filtered) = &self.filtered {
-            let text = String::from_utf8_lossy(line);
             if self.filters.iter().any(|f| text.contains(f.as_str())) {
                 if let Ok(mut f) = filtered.lock() {
-                    let _ = f.write_all(&render());
+                    let _ = f.write_all(&parts.concat());
                 }
             }
         }
@@ -378,7 +368,8 @@ mod tests {
 
     #[test]
     fn lines_split_at_newlines_across_chunks() {
-        let cases: &[(&[&[u8]], &[&[u8]])] = &[
+        type Chunks<'a> = &'a [&'a [u8]];
+        let cases: &[(Chunks, Chunks)] = &[
             (&[b"a\nb\n"], &[b"a\n", b"b\n"]),
             (&[b"a", b"b\nc"], &[b"ab\n", b"c"]),
             (&[b"", b"\n\n"], &[b"\n", b"\n"]),

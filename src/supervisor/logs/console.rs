@@ -25,12 +25,13 @@ pub struct Bounds {
     pub lines: usize,
 }
 
-/// About a second of a 1 MB/s console: enough to ride out bursts, small enough that the exit flush is quick.
-pub const BOUNDS: Bounds = Bounds { bytes: 1 << 20, lines: 16 * 1024 };
+/// Some 40 ms of a worker writing at 100 MB/s, so a console that keeps up on average rides out its writer
+/// being descheduled on a busy host; about 4 s of a 1 MB/s console, so the exit flush stays short.
+pub const BOUNDS: Bounds = Bounds { bytes: 4 << 20, lines: 64 * 1024 };
 /// The writer takes at most this much per write, so the agent's own log lines (which share the stream's lock)
 /// never wait behind more than one batch.
 const BATCH_BYTES: usize = 64 * 1024;
-/// How long the exit waits for a console that is behind: a full queue at 1 MB/s takes about a second.
+/// How long the exit waits for a console that is behind: a full queue at 1 MB/s takes about 4 s.
 const EXIT_FLUSH: Duration = Duration::from_secs(5);
 /// Room kept for the notice that precedes the first line after a gap.
 const NOTICE_ROOM: usize = 128;
@@ -70,8 +71,9 @@ fn notice(dropped: u64, local_rank: u32, has_file: bool) -> Vec<u8> {
 
 #[derive(Debug, Default)]
 struct Queue {
-    lines: VecDeque<Vec<u8>>,
-    bytes: usize,
+    /// The queued lines back to back (no allocation per line), and each one's length.
+    data: VecDeque<u8>,
+    lens: VecDeque<usize>,
     /// The writer holds a batch it has not finished writing.
     writing: bool,
     /// False when the writer thread could not be started: then nothing waits for it.
@@ -133,29 +135,18 @@ impl Console {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn push(queue: &mut Queue, line: Vec<u8>) {
-        queue.bytes += line.len();
-        queue.lines.push_back(line);
-    }
-
     fn write_loop(&self, stream: Stream) {
+        let mut batch = Vec::with_capacity(2 * BATCH_BYTES);
         loop {
-            let batch = {
+            {
                 let mut q = self.lock();
-                while q.lines.is_empty() {
+                while q.lens.is_empty() {
                     q = self.work.wait(q).unwrap_or_else(PoisonError::into_inner);
                 }
-                let mut batch = Vec::with_capacity(BATCH_BYTES);
-                while let Some(line) = q.lines.pop_front() {
-                    batch.extend_from_slice(&line);
-                    q.bytes -= line.len();
-                    if batch.len() >= BATCH_BYTES {
-                        break;
-                    }
-                }
+                batch.clear();
+                q.take(&mut batch);
                 q.writing = true;
-                batch
-            };
+            }
             // A console that is gone (EPIPE) loses its lines; the log files have them.
             let _ = match stream {
                 Stream::Out => write_batch(std::io::stdout().lock(), &batch),
@@ -168,10 +159,36 @@ impl Console {
 
     fn drain_until(&self, deadline: Instant) {
         let mut q = self.lock();
-        while q.writer && (q.writing || !q.lines.is_empty()) {
+        while q.writer && (q.writing || !q.lens.is_empty()) {
             let Some(left) = deadline.checked_duration_since(Instant::now()) else { return };
             q = self.written.wait_timeout(q, left).unwrap_or_else(PoisonError::into_inner).0;
         }
+    }
+}
+
+impl Queue {
+    /// Queues one line made of `parts`.
+    fn push(&mut self, parts: &[&[u8]]) {
+        for part in parts {
+            self.data.extend(part.iter());
+        }
+        self.lens.push_back(parts.iter().map(|p| p.len()).sum());
+    }
+
+    /// Moves whole lines, about `BATCH_BYTES` of them (at least one), to `batch`.
+    fn take(&mut self, batch: &mut Vec<u8>) {
+        let mut n = 0;
+        while let Some(len) = self.lens.pop_front() {
+            n += len;
+            if n >= BATCH_BYTES {
+                break;
+            }
+        }
+        let (front, back) = self.data.as_slices();
+        let from_front = n.min(front.len());
+        batch.extend_from_slice(&front[..from_front]);
+        batch.extend_from_slice(&back[..n - from_front]);
+        self.data.drain(..n);
     }
 }
 
@@ -194,31 +211,36 @@ impl Feed {
         Feed { console: console(stream), local_rank, has_file, dropped: 0 }
     }
 
-    /// Queues the line `make` builds (at most `len` bytes) or counts it as dropped; never waits for the
-    /// console, only for the queue's lock.
-    pub fn offer(&mut self, len: usize, make: impl FnOnce() -> Vec<u8>) {
+    /// Queues the line made of `parts` or counts it as dropped; never waits for the console, only for the
+    /// queue's lock.
+    pub fn offer(&mut self, parts: &[&[u8]]) {
+        let len = parts.iter().map(|p| p.len()).sum();
         let mut q = self.console.lock();
-        match admit((q.bytes, q.lines.len()), len, self.dropped, BOUNDS) {
+        // The writer waits only on an empty queue; waking it costs a syscall, so only then.
+        let was_empty = q.lens.is_empty();
+        match admit((q.data.len(), q.lens.len()), len, self.dropped, BOUNDS) {
             Admit::Drop => {
                 self.dropped += 1;
                 return;
             }
             Admit::NoticeThenLine => {
-                Console::push(&mut q, notice(self.dropped, self.local_rank, self.has_file));
+                q.push(&[&notice(self.dropped, self.local_rank, self.has_file)]);
                 self.dropped = 0;
             }
             Admit::Line => {}
         }
-        Console::push(&mut q, make());
+        q.push(parts);
         drop(q);
-        self.console.work.notify_one();
+        if was_empty {
+            self.console.work.notify_one();
+        }
     }
 
     /// At the end of the stream: a last notice for lines dropped since the previous one, queued even past
     /// the bounds (one short line per rank and stream), so a gap at the end is never silent.
     pub fn finish(self) {
         if self.dropped > 0 {
-            Console::push(&mut self.console.lock(), notice(self.dropped, self.local_rank, self.has_file));
+            self.console.lock().push(&[&notice(self.dropped, self.local_rank, self.has_file)]);
             self.console.work.notify_one();
         }
     }
@@ -247,6 +269,19 @@ mod tests {
         for &(queued, len, dropped, want) in cases {
             assert_eq!(admit(queued, len, dropped, B), want, "queued {queued:?} len {len} dropped {dropped}");
         }
+    }
+
+    #[test]
+    fn the_writer_takes_whole_lines_in_batches() {
+        let mut q = Queue::default();
+        let line = vec![b'x'; BATCH_BYTES / 2 + 1];
+        for _ in 0..3 {
+            q.push(&[b"[h]:", &line, b"\n"]);
+        }
+        let mut batch = Vec::new();
+        q.take(&mut batch);
+        assert_eq!((batch.len(), q.lens.len(), q.data.len()), (2 * (line.len() + 5), 1, line.len() + 5));
+        assert!(batch.starts_with(b"[h]:x") && batch.ends_with(b"x\n"));
     }
 
     #[test]
