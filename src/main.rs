@@ -84,6 +84,8 @@ fn main() -> ExitCode {
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     // Whatever the workers left running (a daemon in a session of its own, too) ends before the agent does.
     guard.end();
+    // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
+    muster::supervisor::logs::flush_console();
     match outcome {
         Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
         Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),

@@ -1,9 +1,12 @@
 //! Worker logs: `--tee` writes every line to the rank's files and to the console with its prefix, including
-//! the last (unterminated) line a worker wrote before it crashed.
+//! the last (unterminated) line a worker wrote before it crashed; a console that is behind gets a counted
+//! drop notice instead of holding up the worker or its log file.
 
 mod common;
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::Stdio;
 use std::time::Duration;
 
 use common::*;
@@ -51,6 +54,7 @@ fn tee_keeps_every_line_including_the_last_before_a_crash() {
         assert!(file_out.ends_with(&format!("last words rank {rank}")), "file tail: {file_out:?}");
         assert!(out.stdout.contains(&format!("[default{rank}]:last words rank {rank}\n")), "console tail");
     }
+    assert!(!out.stdout.contains("[muster] dropped") && !out.stderr.contains("[muster] dropped"), "no drops");
 }
 
 #[test]
@@ -77,4 +81,96 @@ fn a_restart_never_wipes_an_attempt_directory_and_filters_apply() {
     assert_eq!(filtered.len(), 2);
     let f = std::fs::read_to_string(&filtered[0]).unwrap();
     assert_eq!(f, "<default-0@0>out 3 rank 0\n", "only lines with a filter substring");
+}
+
+/// Lines `tests/fixtures/flood.py` writes to stdout for `kib`: the numbered ones and its end line.
+fn flood_lines(kib: u64) -> u64 {
+    kib * 1024 / 100 + 1
+}
+
+/// Walks rank 0's console stdout from a flood: every numbered line shown comes in order, and each drop
+/// notice stands exactly where its lines are missing. Returns the notices' counts.
+fn walk_flood_console(stdout: &str, kib: u64) -> Vec<u64> {
+    let lines = flood_lines(kib);
+    let (mut next, mut notices) = (0u64, Vec::new());
+    for line in stdout.lines() {
+        if let Some(rest) = line.strip_prefix("[muster] dropped ") {
+            let n = rest.strip_suffix(" console lines of rank 0; the log file has them");
+            let n: u64 = n.and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("notice: {line:?}"));
+            assert!(n > 0, "{line:?}");
+            notices.push(n);
+            next += n;
+        } else if let Some(rest) = line.strip_prefix("[default0]:") {
+            let shown = if rest.starts_with("flood end") {
+                lines - 1
+            } else {
+                rest.split(' ').nth(1).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("line: {line:?}"))
+            };
+            assert_eq!(shown, next, "console line out of order or lost without a notice: {line:?}");
+            next += 1;
+        }
+    }
+    assert_eq!(next, lines, "every line is either shown or counted in a notice");
+    notices
+}
+
+fn assert_flood_log_is_complete(logs: &Path, kib: u64) {
+    let file = find(logs, "stdout.log");
+    assert_eq!(file.len(), 1, "{file:?}");
+    let content = std::fs::read(&file[0]).unwrap();
+    let end = format!("flood end rank 0 lines {}\n", flood_lines(kib) - 1);
+    assert_eq!(content.len() as u64, (flood_lines(kib) - 1) * 100 + end.len() as u64, "log file size");
+    assert!(content.ends_with(end.as_bytes()), "log file tail");
+    let err = std::fs::read_to_string(&find(logs, "stderr.log")[0]).unwrap();
+    assert!(err.ends_with("err 9 rank 0\n"), "{err:?}");
+}
+
+fn flood(logs: &Path, dir: &Path, kib: u64) -> std::process::Command {
+    let mut cmd = muster();
+    cmd.args(["--nproc-per-node=1", "--tee", "3", "--log-dir"]).arg(logs).arg(fixture("flood.py")).arg(dir);
+    cmd.arg(kib.to_string());
+    cmd
+}
+
+#[test]
+fn a_console_nobody_reads_holds_up_neither_the_worker_nor_its_log_file() {
+    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let kib = 50 * 1024;
+    let mut cmd = flood(logs.path(), dir.path(), kib);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut agent = Guard::spawn(&mut cmd);
+    // Nothing reads the agent's stdout or stderr yet: if the console were in the file's way, the worker would
+    // block on its pipe after a few hundred KiB and never get here.
+    let flooded = wait_for_lines(&dir.path().join("0.flooded"), 1, Duration::from_secs(300));
+    let pid: i32 = flooded.split_whitespace().next().and_then(|p| p.parse().ok()).expect("pid in 0.flooded");
+    assert!(eventually(Duration::from_secs(60), || !alive(pid)), "the worker exits while its console is unread");
+    let (mut out, mut err) = (agent.0.stdout.take().unwrap(), agent.0.stderr.take().unwrap());
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err.read_to_string(&mut s);
+        s
+    });
+    let mut stdout = String::new();
+    out.read_to_string(&mut stdout).unwrap();
+    let stderr = stderr.join().unwrap();
+    let status = agent.wait_timeout(Duration::from_secs(60)).expect("muster exits once its console is read");
+    assert!(status.success(), "{status:?}: {stderr}");
+    assert_flood_log_is_complete(logs.path(), kib);
+    let notices = walk_flood_console(&stdout, kib);
+    assert!(!notices.is_empty(), "a console that fell behind gets a drop notice");
+    for i in 0..10 {
+        assert!(stderr.contains(&format!("[default0]:err {i} rank 0\n")), "stderr line {i}: {stderr}");
+    }
+}
+
+#[test]
+fn a_console_that_keeps_up_gets_every_line_and_no_notice() {
+    let (dir, logs) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Within the console's buffer (4 MiB), however the test's reader is scheduled.
+    let kib = 512;
+    let out = run(&mut flood(logs.path(), dir.path(), kib), Duration::from_secs(120));
+    assert!(out.status.success(), "{}", out.stderr);
+    assert_flood_log_is_complete(logs.path(), kib);
+    assert_eq!(walk_flood_console(&out.stdout, kib), Vec::<u64>::new(), "no drops");
+    assert!(!out.stderr.contains("[muster] dropped"), "{}", out.stderr);
 }

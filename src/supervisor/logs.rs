@@ -1,8 +1,15 @@
 //! Worker logs: torchrun's directory layout, `--redirects`, `--tee` with line prefixes, console filtering
-//! and the duplicate filters (reference §6), with two deliberate improvements:
+//! and the duplicate filters (reference §6), with three deliberate improvements:
 //! - tee'd output travels through a pipe the agent drains to EOF, so the last lines a worker wrote before it
 //!   died always reach both its file and the console (torch tails files and could miss them);
+//! - the files never wait for the console: a pump writes the file at the worker's speed and hands console
+//!   lines to a bounded queue that drops, with a counted notice, what a slow console cannot take
+//!   (`console.rs`);
 //! - an attempt directory is never wiped: a start that would reuse `attempt_<n>` gets `attempt_<n>.1`, ...
+//!
+//! A stream that is neither redirected nor tee'd is the agent's own stdout or stderr, inherited as torchrun
+//! does: no prefix, no copy, and so it runs at the console's speed, as it would without a launcher. Only
+//! tee'd streams have a file to fall back on, so only they drop console lines.
 //!
 //! Layout: `<log_dir>/<run_id>_XXXXXXXX/attempt_<n>/<local_rank>/{error.json,stdout.log,stderr.log}` and
 //! `attempt_<n>/filtered_std{out,err}.log`.
@@ -17,6 +24,10 @@ use tokio::sync::oneshot;
 
 use crate::config::LogConfig;
 use crate::template::safe_substitute;
+
+mod console;
+
+pub use console::flush as flush_console;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LogError {
@@ -177,10 +188,10 @@ pub fn dev_null() -> std::io::Result<OwnedFd> {
 
 /// Where a tee'd stream's bytes go.
 pub struct TeeSink {
-    stream: Stream,
     file: Option<File>,
     header: String,
-    on_console: bool,
+    /// None when `--local-ranks-filter` keeps this rank off the console.
+    console: Option<console::Feed>,
     filters: Vec<String>,
     filtered: Option<SharedFile>,
 }
@@ -231,8 +242,9 @@ impl AttemptLogs {
                 // O_CLOEXEC: only the worker this is for gets the write end (as its stdout or stderr).
                 let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
                     .map_err(|e| LogError::Pipe(std::io::Error::from(e)))?;
+                let console = on_console.then(|| console::Feed::new(stream, tag.local_rank, file.is_some()));
                 StreamPlan::Tee {
-                    sink: TeeSink { stream, file, header: header(logs, tag), on_console, filters: filters.clone(), filtered },
+                    sink: TeeSink { file, header: header(logs, tag), console, filters: filters.clone(), filtered },
                     read: File::from(read),
                     write: Some(write),
                 }
@@ -259,10 +271,10 @@ fn header(logs: &LogConfig, tag: &WorkerTag) -> String {
 
 impl TeeSink {
     /// Copies `pipe` to the file as it comes and to the console line by line, until EOF (every writer of
-    /// the pipe has exited). Runs on its own thread: blocking reads and writes are fine there.
+    /// the pipe has exited). Runs on its own thread: the file's writes may block, the console's never do.
     pub fn pump(mut self, mut pipe: impl Read) {
         let mut buf = vec![0u8; 64 * 1024];
-        let mut pending: Vec<u8> = Vec::new();
+        let mut lines = Lines::default();
         loop {
             let n = match pipe.read(&mut buf) {
                 Ok(0) => break,
@@ -273,36 +285,107 @@ impl TeeSink {
             if let Some(f) = self.file.as_mut() {
                 let _ = f.write_all(&buf[..n]);
             }
-            pending.extend_from_slice(&buf[..n]);
-            while let Some(pos) = pending.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = pending.drain(..=pos).collect();
-                self.line(&line);
-            }
+            lines.feed(&buf[..n], |line| self.line(line));
         }
-        if !pending.is_empty() {
-            pending.push(b'\n');
-            self.line(&pending);
+        lines.finish(|line| self.line(line));
+        if let Some(console) = self.console.take() {
+            console.finish();
         }
         if let Some(f) = self.file.as_mut() {
             let _ = f.flush();
         }
     }
 
-    fn line(&self, line: &[u8]) {
+    /// One line, with or without its newline (the last before EOF, or a piece of an over-long line, has
+    /// none): to the console and, when it matches a filter, to the filtered file, both with the header.
+    fn line(&mut self, line: &[u8]) {
         let text = String::from_utf8_lossy(line);
-        let out = format!("{}{text}", self.header);
-        if self.on_console {
-            let _ = match self.stream {
-                Stream::Out => std::io::stdout().lock().write_all(out.as_bytes()),
-                Stream::Err => std::io::stderr().lock().write_all(out.as_bytes()),
-            };
+        let newline: &[u8] = if text.ends_with('\n') { b"" } else { b"\n" };
+        let parts = [self.header.as_bytes(), text.as_bytes(), newline];
+        if let Some(console) = self.console.as_mut() {
+            console.offer(&parts);
         }
         if let Some(filtered) = &self.filtered {
             if self.filters.iter().any(|f| text.contains(f.as_str())) {
                 if let Ok(mut f) = filtered.lock() {
-                    let _ = f.write_all(out.as_bytes());
+                    let _ = f.write_all(&parts.concat());
                 }
             }
         }
+    }
+}
+
+/// A console line is cut after this many bytes without a newline, which bounds what a pump holds.
+const MAX_LINE: usize = 64 * 1024;
+
+/// Splits a byte stream into lines: at each newline, and every `MAX_LINE` bytes of a line that has none.
+#[derive(Debug, Default)]
+struct Lines {
+    partial: Vec<u8>,
+}
+
+impl Lines {
+    fn feed(&mut self, mut chunk: &[u8], mut each: impl FnMut(&[u8])) {
+        while let Some(pos) = chunk.iter().position(|b| *b == b'\n') {
+            let (line, rest) = chunk.split_at(pos + 1);
+            if self.partial.is_empty() {
+                each(line);
+            } else {
+                self.partial.extend_from_slice(line);
+                each(&self.partial);
+                self.partial.clear();
+            }
+            chunk = rest;
+        }
+        self.partial.extend_from_slice(chunk);
+        while self.partial.len() >= MAX_LINE {
+            each(&self.partial[..MAX_LINE]);
+            self.partial.drain(..MAX_LINE);
+        }
+    }
+
+    /// The unterminated rest, if any.
+    fn finish(self, mut each: impl FnMut(&[u8])) {
+        if !self.partial.is_empty() {
+            each(&self.partial);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Lines, MAX_LINE};
+
+    fn split(chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut lines = Lines::default();
+        let mut got = Vec::new();
+        for c in chunks {
+            lines.feed(c, |l| got.push(l.to_vec()));
+        }
+        lines.finish(|l| got.push(l.to_vec()));
+        got
+    }
+
+    #[test]
+    fn lines_split_at_newlines_across_chunks() {
+        type Chunks<'a> = &'a [&'a [u8]];
+        let cases: &[(Chunks, Chunks)] = &[
+            (&[b"a\nb\n"], &[b"a\n", b"b\n"]),
+            (&[b"a", b"b\nc"], &[b"ab\n", b"c"]),
+            (&[b"", b"\n\n"], &[b"\n", b"\n"]),
+            (&[b"x", b"y", b"z"], &[b"xyz"]),
+            (&[], &[]),
+        ];
+        for (chunks, want) in cases {
+            assert_eq!(split(chunks), want.iter().map(|l| l.to_vec()).collect::<Vec<_>>(), "{chunks:?}");
+        }
+    }
+
+    #[test]
+    fn an_endless_line_comes_in_bounded_pieces() {
+        let long = vec![b'x'; MAX_LINE * 2 + 5];
+        let got = split(&[&long[..100], &long[100..], b"\n"]);
+        let lens: Vec<usize> = got.iter().map(Vec::len).collect();
+        assert_eq!(lens, [MAX_LINE, MAX_LINE, 6]);
     }
 }
