@@ -243,6 +243,9 @@ class Cluster:
         entered running after `since`. Returns None when not yet, else the time they settled."""
         self.reap()
         st = self.state()
+        dead = {a.name: a.exit_code for a in self.agents.values() if not a.alive()}
+        if dead:
+            raise RuntimeError(f"agents ended unexpectedly (exit codes {dead}); states {st}")
         if any(not self.agents[n].alive() for n in st) or any(p != "running" for p, _ in st.values()):
             return None
         last = max(t for _, t in st.values())
