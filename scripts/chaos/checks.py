@@ -29,8 +29,8 @@ def reforms(agent):
 
 
 def cause_of(t, events):
-    """The injected event whose window holds time `t`."""
-    for ev in events:
+    """The latest injected event whose window holds time `t` (windows overlap by the slack)."""
+    for ev in reversed(events):
         if ev["t0"] - 0.5 <= t <= ev["recovered"] + SLACK_S:
             return ev
     return None
