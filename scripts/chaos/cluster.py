@@ -162,7 +162,10 @@ class Agent:
 
     def workers(self):
         """The agent's live worker processes (its train.py children)."""
-        return [p for p in children(self.proc.pid) if "train.py" in cmdline(p)] if self.alive() else []
+        if not self.alive():
+            return []
+        # The orphan guard is a fork of the agent with the agent's argv (train.py included): not a worker.
+        return [p for p in children(self.proc.pid) if "python" in cmdline(p).split(" ")[0] and "train.py" in cmdline(p)]
 
     def registered(self, gpu):
         try:
