@@ -19,6 +19,7 @@ import gc
 import json
 import os
 import tempfile
+import time
 
 import torch
 import torch.distributed as dist
@@ -39,6 +40,11 @@ def parse_args():
                    help="crash on reaching this step (first attempt only; for testing restarts)")
     p.add_argument("--crash-rank", type=int, default=0, help="the rank that crashes")
     p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
+    p.add_argument("--step-sleep", type=float, default=0.0,
+                   help="seconds each step sleeps (a harness paces the job; scripts/chaos.sh)")
+    p.add_argument("--hold-file", default=None,
+                   help="before the last step, wait while this file exists (a harness keeps the job alive "
+                        "until it is done with it; scripts/chaos.sh)")
     return p.parse_args()
 
 
@@ -94,6 +100,10 @@ def main():
 
     loss = torch.tensor(float("nan"))
     for step in range(start, args.steps):
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        while args.hold_file and step == args.steps - 1 and os.path.exists(args.hold_file):
+            time.sleep(0.2)
         if args.crash_at_step == step and args.crash_rank == rank and restart_count == 0:
             print(f"rank {rank}: injected crash at step {step}", flush=True)
             os._exit(1)

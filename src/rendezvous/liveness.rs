@@ -6,9 +6,12 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::wire::{Fingerprint, RoundInfo};
+use super::wire::{Fingerprint, RoundInfo, Seal};
 use super::{Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, WatchEventKind, WatchTarget};
+
+/// How often a lost rendezvous store is asked again whether it is back.
+const STORE_RETRY: Duration = Duration::from_millis(250);
 
 impl<S: Store> Rendezvous<S> {
     /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
@@ -23,16 +26,7 @@ impl<S: Store> Rendezvous<S> {
 
     /// Registers liveness and checks the launch fingerprint. Call once before the first round.
     pub async fn register(&mut self) -> Result<(), RdzvError> {
-        let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
-        let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
-        if current != mine {
-            let job: Fingerprint = serde_json::from_slice(&current)
-                .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;
-            let diff = self.fingerprint.differences(&job);
-            if !diff.is_empty() {
-                return Err(RdzvError::Mismatch(diff.join("; ")));
-            }
-        }
+        self.publish_fingerprint().await?;
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
         let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
         let write_timeout = self.settings.heartbeat_timeout;
@@ -48,6 +42,22 @@ impl<S: Store> Rendezvous<S> {
                 tokio::time::sleep(every).await;
             }
         }));
+        Ok(())
+    }
+
+    /// Publishes this launch's fingerprint, or checks it against the job's (a store restarted under a
+    /// running job gets it again from whoever re-forms first).
+    async fn publish_fingerprint(&self) -> Result<(), RdzvError> {
+        let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
+        let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
+        if current != mine {
+            let job: Fingerprint = serde_json::from_slice(&current)
+                .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;
+            let diff = self.fingerprint.differences(&job);
+            if !diff.is_empty() {
+                return Err(RdzvError::Mismatch(diff.join("; ")));
+            }
+        }
         Ok(())
     }
 
@@ -124,7 +134,12 @@ impl<S: Store> Rendezvous<S> {
                     continue;
                 }
             };
-            let Some(event) = event else { return Err(RdzvError::StoreLost) };
+            let Some(event) = event else {
+                match self.after_store_lost(&current).await? {
+                    Some(event) => return Ok(event),
+                    None => continue,
+                }
+            };
             let Some(rest) = event.key.strip_prefix(self.prefix.as_str()) else { continue };
             match (event.kind, rest.split_once('/')) {
                 (WatchEventKind::Deleted, Some(("alive", node))) if members.contains(node) && node != self.me.id => {
@@ -146,6 +161,38 @@ impl<S: Store> Rendezvous<S> {
                 _ => {}
             }
         }
+    }
+
+    /// The watch ended with its connection: the store went away. Waits (within `join_timeout`) until it
+    /// answers again. A store keeps its keys in memory only, so one that was restarted has lost this round:
+    /// the group re-forms in it (`RoundChanged`, no restart spent) instead of failing a running job. One that
+    /// kept them (a dropped connection) is watched again; what changed meanwhile comes as the pending event.
+    async fn after_store_lost(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
+        let deadline = Instant::now() + self.settings.join_timeout;
+        let seal_key = self.key(&format!("r/{}/sealed", current.round));
+        let seal = loop {
+            match self.store.get(&seal_key).await {
+                Ok(seal) => break seal,
+                Err(e) if Instant::now() < deadline => {
+                    tracing::warn!("the rendezvous store does not answer ({e}); retrying until join_timeout");
+                    tokio::time::sleep(STORE_RETRY).await;
+                }
+                Err(_) => return Err(RdzvError::StoreLost),
+            }
+        };
+        // Another member may already be re-forming in a restarted store, in a round of the same number: the
+        // seal is this round's only if it lists this node.
+        let mine = match seal {
+            Some(seal) => Seal::decode(&seal)?.members.iter().any(|m| m.id == self.me.id),
+            None => false,
+        };
+        if !mine {
+            tracing::warn!("the rendezvous store came back without this round (restarted?); re-forming in it");
+            self.publish_fingerprint().await?;
+            return Ok(Some(RdzvEvent::RoundChanged));
+        }
+        self.watch_round(current).await?;
+        Ok(self.pending.take())
     }
 
     /// Joiners may be waiting: if the group has room, they are let in after one last call, or at once

@@ -414,6 +414,32 @@ mod shared {
         Memory(MemoryStore::new())
     }
 
+    /// The store restarted under a running group (stopped, then bound again on its port with no keys):
+    /// every member re-forms in the new store instead of failing with the store lost.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_restarted_store_makes_the_group_reform_in_it() {
+        let b = tcp().await;
+        let addr = b.0.local_addr();
+        let agents = vec![agent(&b, "a", 1, settings(2, 2)).await, agent(&b, "b", 1, settings(2, 2)).await];
+        let joined = join_all(agents).await;
+        b.0.shutdown().await;
+        let _again = Server::bind(addr, ServerConfig::default()).await.expect("bind the same port again");
+        let tasks: Vec<_> = joined
+            .into_iter()
+            .map(|(mut a, _)| {
+                tokio::spawn(async move {
+                    let event = tokio::time::timeout(Duration::from_secs(10), a.next_event()).await;
+                    assert_eq!(event.expect("seen in time").expect("no error"), RdzvEvent::RoundChanged);
+                    a.next_round().await.expect("re-formed in the new store")
+                })
+            })
+            .collect();
+        for t in tasks {
+            let info = tokio::time::timeout(Duration::from_secs(30), t).await.expect("in time").expect("task");
+            assert_eq!(info.group_world_size, 2);
+        }
+    }
+
     macro_rules! suite {
         ($($name:ident),*) => {
             mod memory_store {
