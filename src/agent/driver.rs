@@ -179,6 +179,8 @@ impl Agent {
     pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Agent, End> {
         let mut signals = crate::signals::install(&cfg.signals).map_err(|e| fail(AgentError::Signals(e)))?;
         reaper::spawn_adopted_reaper(guard.clone());
+        // A launch's first spawn follows within milliseconds: start paying the cgroup's first-move cost now.
+        guard.prime_cgroup();
         let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
         let (hosted, store) = tokio::select! {
             r = open_rendezvous_store(&cfg) => r.map_err(fail)?,

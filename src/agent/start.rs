@@ -86,6 +86,8 @@ impl Work {
 
     /// Places, checks and spawns the group for the joined round.
     pub(super) async fn start(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Input {
+        // Overlaps the kernel's first-move cost with the placement below.
+        self.guard.prime_cgroup();
         let plan = match place(&self.cfg, nproc, excluded, self.gpu_job).await {
             Ok(plan) => plan,
             Err(PlaceError::Lost(index)) => return Input::StartLost(self.lost_fault(index)),

@@ -109,6 +109,8 @@ pub struct JobCgroup {
     dir: PathBuf,
     /// Its `cgroup.procs`, opened once so that a child joins with one write and no allocation.
     procs: OwnedFd,
+    /// The agent's own cgroup's `cgroup.procs`, for [`JobCgroup::prime`] (None if it cannot be opened).
+    own_procs: Option<OwnedFd>,
 }
 
 impl JobCgroup {
@@ -134,8 +136,9 @@ impl JobCgroup {
             return Err(Unavailable::NoKill(dir));
         }
         // O_CLOEXEC (std's default): the fd reaches the child's pre_exec but not the program it runs.
+        let own_procs = std::fs::OpenOptions::new().write(true).open(parent.join("cgroup.procs")).ok().map(OwnedFd::from);
         match std::fs::OpenOptions::new().write(true).open(dir.join("cgroup.procs")) {
-            Ok(file) => Ok(JobCgroup { dir, procs: file.into() }),
+            Ok(file) => Ok(JobCgroup { dir, procs: file.into(), own_procs }),
             Err(e) => {
                 let _ = std::fs::remove_dir(&dir);
                 Err(Unavailable::Create(dir, e))
@@ -145,6 +148,30 @@ impl JobCgroup {
 
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Makes the next few milliseconds' joins cheap, off the caller's thread: the first move into a cgroup
+    /// after a quiet spell waits out an RCU grace period in the kernel (about 8 ms here), which would
+    /// otherwise delay the first worker's exec. Moving the agent into the cgroup it is already in pays it
+    /// in the background while the agent does other work (a rendezvous, a placement); joins soon after are
+    /// fast. Best effort: without the descriptor or on any error, the first join pays instead.
+    pub fn prime(&self) {
+        let Some(fd) = self.own_procs.as_ref().and_then(|fd| fd.try_clone().ok()) else { return };
+        let pid = std::process::id().to_string();
+        let spawned = std::thread::Builder::new().name("muster-cgroup-prime".into()).spawn(move || {
+            let mut file = std::fs::File::from(fd);
+            let _ = std::io::Write::write_all(&mut file, pid.as_bytes());
+        });
+        if let Err(e) = spawned {
+            tracing::debug!("cannot prime the job cgroup: {e}");
+        }
+    }
+
+    /// The processes in the cgroup now (empty if it cannot be read).
+    pub fn members(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
+            .unwrap_or_default()
     }
 
     /// The descriptor a child passes to `join`.

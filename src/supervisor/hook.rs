@@ -76,7 +76,7 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
             // The sweep runs before the hook is reaped, so its session id cannot have been reused yet.
             let me = std::process::id() as i32;
-            let sweep = move || reaper::freeze_and_kill(|tree, p| p.session == pid && tree.descends(p.pid, me));
+            let sweep = move || reaper::freeze_and_kill(reaper::Tree::scan, |tree, p| p.session == pid && tree.descends(p.pid, me));
             let swept = tokio::task::spawn_blocking(sweep).await.unwrap_or_default();
             guard.forget(pid);
             if tokio::time::timeout(REAP_TIMEOUT, child.wait()).await.is_err() {

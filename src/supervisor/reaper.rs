@@ -76,6 +76,11 @@ impl Tree {
         Tree::of(procs)
     }
 
+    /// Reads just these processes (e.g. a cgroup's members), skipping those that are gone.
+    pub fn of_pids(pids: &[i32]) -> Tree {
+        Tree::of(pids.iter().filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()).filter_map(|t| parse_stat(&t)).collect())
+    }
+
     fn of(procs: Vec<ProcStat>) -> Tree {
         Tree { procs: procs.into_iter().map(|p| (p.pid, p)).collect() }
     }
@@ -99,11 +104,11 @@ impl Tree {
 /// SIGKILLs every live process `select` takes (never this one). Each is SIGSTOPped first and `/proc` read
 /// again until no new one appears, so a process cannot fork its way out between a scan and the kill, and
 /// parentage (a selection's "below X") holds while the sweep runs. Returns how many were killed.
-pub fn freeze_and_kill(select: impl Fn(&Tree, &ProcStat) -> bool) -> usize {
+pub fn freeze_and_kill(scan: impl Fn() -> Tree, select: impl Fn(&Tree, &ProcStat) -> bool) -> usize {
     let me = std::process::id() as i32;
     let mut stopped = HashSet::new();
     for _ in 0..16 {
-        let tree = Tree::scan();
+        let tree = scan();
         let new: Vec<i32> =
             tree.live().filter(|p| p.pid != me && !stopped.contains(&p.pid) && select(&tree, p)).map(|p| p.pid).collect();
         if new.is_empty() {
@@ -125,13 +130,28 @@ pub fn freeze_and_kill(select: impl Fn(&Tree, &ProcStat) -> bool) -> usize {
 /// take a status tokio is waiting for.
 pub static OWN_CHILDREN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
 
+/// The agent's children, from each of its threads' `children` list (an adopted orphan may be any thread's):
+/// far cheaper than reading all of `/proc`. None where the kernel has no such lists.
+fn own_children() -> Option<Vec<i32>> {
+    let mut children = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").ok().into_iter().flatten().flatten() {
+        let list = std::fs::read_to_string(task.path().join("children")).ok()?;
+        children.extend(list.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+    }
+    Some(children)
+}
+
 /// What the agent does when one of its children changes state (SIGCHLD): reaps the adopted zombies (never
 /// its own workers') and, without a cgroup, tells the guard about every process outside the sessions it holds.
 fn on_child_event(guard: &OrphanGuard) {
     let me = std::process::id() as i32;
     let Ok(own) = OWN_CHILDREN.lock() else { return };
-    // Read under the lock: a worker is either not forked yet or already in `own`.
-    let tree = Tree::scan();
+    // Read under the lock: a worker is either not forked yet or already in `own`. With a cgroup only the
+    // agent's children matter (the cgroup holds the rest); without, every descendant does.
+    let tree = match (&guard.cgroup, own_children()) {
+        (Ok(_), Some(children)) => Tree::of_pids(&children),
+        _ => Tree::scan(),
+    };
     for p in tree.procs.values() {
         if p.ppid == me && p.state == 'Z' && !own.contains(&p.pid) {
             if let Ok(status) = waitpid(Pid::from_raw(p.pid), Some(WaitPidFlag::WNOHANG)) {
@@ -240,6 +260,13 @@ impl OrphanGuard {
     }
 
     /// The job cgroup's `cgroup.procs`, for a child to `cgroup::join` before exec; None without a cgroup.
+    /// See [`JobCgroup::prime`]: called ahead of spawning, so the workers' joins are fast.
+    pub fn prime_cgroup(&self) {
+        if let Ok(cgroup) = &self.cgroup {
+            cgroup.prime();
+        }
+    }
+
     pub fn cgroup_procs(&self) -> Option<RawFd> {
         self.cgroup.as_ref().ok().map(JobCgroup::procs_fd)
     }
@@ -271,21 +298,32 @@ impl OrphanGuard {
         self.sweep_keeping(&keep)
     }
 
+    /// With a cgroup the job's processes are its members (read from `cgroup.procs`, not all of `/proc`);
+    /// without one, the agent's descendants.
     fn sweep_keeping(&self, keep: &HashSet<i32>) -> usize {
         let me = std::process::id() as i32;
-        freeze_and_kill(|tree, p| p.pid != self.pid && !keep.contains(&p.session) && tree.descends(p.pid, me))
+        match &self.cgroup {
+            Ok(cg) => freeze_and_kill(|| Tree::of_pids(&cg.members()), |_, p| !keep.contains(&p.session)),
+            Err(_) => freeze_and_kill(Tree::scan, |tree, p| {
+                p.pid != self.pid && !keep.contains(&p.session) && tree.descends(p.pid, me)
+            }),
+        }
     }
 
-    /// The agent's end: kills every process of the job, then removes the job cgroup. Blocking; call it once
-    /// the runtime is shut down.
+    /// The agent's end: kills every process of the job (`cgroup.kill`, else a sweep of its descendants),
+    /// then removes the job cgroup. Blocking; call it once the runtime is shut down.
     pub fn end(&self) {
-        let killed = self.sweep_keeping(&HashSet::new());
-        if killed > 0 {
-            tracing::info!(killed, "killed processes of the job left running at its end");
-        }
-        if let Ok(cg) = &self.cgroup {
-            if let Err(e) = cgroup::kill_and_remove(cg.dir(), KILL_TIMEOUT) {
-                tracing::warn!("{e}");
+        match &self.cgroup {
+            Ok(cg) => {
+                if let Err(e) = cgroup::kill_and_remove(cg.dir(), KILL_TIMEOUT) {
+                    tracing::warn!("{e}");
+                }
+            }
+            Err(_) => {
+                let killed = self.sweep_keeping(&HashSet::new());
+                if killed > 0 {
+                    tracing::info!(killed, "killed processes of the job left running at its end");
+                }
             }
         }
     }
@@ -367,7 +405,7 @@ fn guard_main(read: OwnedFd, cgroup: Option<PathBuf>) -> ! {
         let _ = cgroup::kill_and_remove(&dir, KILL_TIMEOUT);
     }
     // No ancestor to check: the agent is gone. A process named by PID must still have its start time.
-    freeze_and_kill(|tree, p| {
+    freeze_and_kill(Tree::scan, |tree, p| {
         tree.lineage(p.pid).any(|q| sessions.contains(&q.session) || procs.get(&q.pid) == Some(&q.start))
     });
     std::process::exit(0)
