@@ -132,3 +132,23 @@ fn script_arguments_and_repeated_options_match_torchrun() {
         }
     }
 }
+
+/// The job token is the agent's alone: the agent reads it (an empty one is refused before anything starts),
+/// and its workers, whose training code may log the whole environment, never see it.
+#[test]
+fn workers_do_not_inherit_the_job_token() {
+    const TOKEN: &str = "token-for-the-agents-only";
+    let dir = tempfile::tempdir().unwrap();
+    let workers = dump(muster().env("MUSTER_RDZV_TOKEN", TOKEN), dir.path(), 2);
+    for (rank, env) in workers.iter().enumerate() {
+        assert_eq!(env.get("MUSTER_RDZV_TOKEN"), None, "rank {rank} inherited the job token");
+        assert!(env.values().all(|v| !v.contains(TOKEN)), "rank {rank} sees the token in its environment");
+        assert_eq!(env["RANK"], rank.to_string());
+    }
+    let out = run(
+        muster().env("MUSTER_RDZV_TOKEN", " ").arg("--standalone").arg(fixture("dump_env.py")).arg(dir.path()),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(2), "an empty token is bad input: {}", out.stderr);
+    assert!(out.stderr.contains("MUSTER_RDZV_TOKEN") && out.stderr.contains("empty"), "{}", out.stderr);
+}

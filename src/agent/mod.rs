@@ -57,13 +57,14 @@ pub enum AgentError {
 
 impl AgentError {
     /// Whether the error is the user's input (exit 2): a rendezvous endpoint held by a program that is not
-    /// a TCPStore.
+    /// a TCPStore, or a job token the store refuses. Both stay the same on every retry: a wrapper that
+    /// retries an agent that failed (exit 1) should not retry these.
     pub fn is_bad_input(&self) -> bool {
-        matches!(
-            self,
-            AgentError::Store(StoreError::NotAStore { .. })
-                | AgentError::Rendezvous(RdzvError::Store(StoreError::NotAStore { .. }))
-        )
+        let bad = |e: &StoreError| matches!(e, StoreError::NotAStore { .. } | StoreError::WrongToken { .. });
+        match self {
+            AgentError::Store(e) | AgentError::Rendezvous(RdzvError::Store(e)) => bad(e),
+            _ => false,
+        }
     }
 }
 

@@ -133,7 +133,7 @@ impl LaunchConfig {
         let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
         let nproc_per_node = parse::parse_nproc(&cli.nproc_per_node, host)?;
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
-        let token = token::resolve(rdzv.token_file.as_deref(), (host.env)(token::TOKEN_ENV))?;
+        let token = token::resolve(rdzv.token_file.as_deref(), token::RDZV_CONF_FLAG, (host.env)(token::TOKEN_ENV))?;
         let signals = parse_signals(&cli.signals_to_handle)?;
         let entrypoint = entrypoint::resolve(cli, host)?;
 

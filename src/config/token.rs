@@ -25,16 +25,20 @@ impl fmt::Debug for Token {
     }
 }
 
-/// The token from `token_file` if given, else from `$MUSTER_RDZV_TOKEN`; `None` when neither is set.
-/// Surrounding whitespace (a file's trailing newline) is not part of it; an empty token is an error, not
-/// "no token".
-pub fn resolve(token_file: Option<&Path>, env: Option<String>) -> Result<Option<Token>, ConfigError> {
+/// How the agent names its token file (`muster store` has `--token-file`).
+pub const RDZV_CONF_FLAG: &str = "--rdzv-conf token_file";
+
+/// The token from `token_file` (given as `flag`, named in errors) if given, else from `$MUSTER_RDZV_TOKEN`;
+/// `None` when neither is set. Surrounding whitespace (a file's trailing newline) is not part of it; an empty
+/// token is an error, not "no token".
+pub fn resolve(token_file: Option<&Path>, flag: &str, env: Option<String>) -> Result<Option<Token>, ConfigError> {
     let (text, source) = match token_file {
         Some(path) => {
+            let source = format!("'{flag}={}'", path.display());
             let text = std::fs::read_to_string(path).map_err(|e| {
-                bad(format!("'--rdzv-conf token_file={}': cannot read it ({e}); name a readable file holding the job token", path.display()))
+                bad(format!("{source}: cannot read it ({e}); name a readable file holding the job token"))
             })?;
-            (text, format!("'--rdzv-conf token_file={}'", path.display()))
+            (text, source)
         }
         None => match env {
             Some(text) => (text, TOKEN_ENV.to_owned()),
@@ -57,15 +61,18 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let file = dir.path().join("token");
         std::fs::write(&file, "from-file\n").expect("write");
-        let from_file = resolve(Some(&file), Some("from-env".into())).expect("token").expect("some");
+        let from_file = resolve(Some(&file), RDZV_CONF_FLAG, Some("from-env".into())).expect("token").expect("some");
         assert_eq!(from_file.bytes(), b"from-file");
-        let from_env = resolve(None, Some(" from-env ".into())).expect("token").expect("some");
+        let from_env = resolve(None, RDZV_CONF_FLAG, Some(" from-env ".into())).expect("token").expect("some");
         assert_eq!(from_env.bytes(), b"from-env");
-        assert_eq!(resolve(None, None).expect("none"), None);
-        let empty = resolve(None, Some("  ".into())).expect_err("empty").to_string();
+        assert_eq!(resolve(None, RDZV_CONF_FLAG, None).expect("none"), None);
+        let empty = resolve(None, RDZV_CONF_FLAG, Some("  ".into())).expect_err("empty").to_string();
         assert!(empty.contains(TOKEN_ENV) && empty.contains("empty"), "{empty}");
-        let missing = resolve(Some(&dir.path().join("nope")), None).expect_err("missing").to_string();
-        assert!(missing.contains("token_file=") && !missing.contains('\n'), "{missing}");
+        let missing = resolve(Some(&dir.path().join("nope")), RDZV_CONF_FLAG, None).expect_err("missing").to_string();
+        assert!(missing.starts_with("'--rdzv-conf token_file=") && !missing.contains('\n'), "{missing}");
+        std::fs::write(&file, "\n").expect("write");
+        let empty_file = resolve(Some(&file), "--token-file", None).expect_err("empty file").to_string();
+        assert!(empty_file.starts_with("'--token-file=") && empty_file.contains("empty"), "{empty_file}");
         assert_eq!(format!("{from_file:?}"), "Token(<redacted>)");
     }
 }

@@ -2,6 +2,7 @@
 //! the training nodes (and for tests that drive it from Python).
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
@@ -9,6 +10,7 @@ use tokio::signal::unix::{signal, SignalKind};
 use super::tcp::server::default_buffered_bytes;
 use super::tcp::{Server, ServerConfig};
 use super::StoreError;
+use crate::config::token::{self, TOKEN_ENV};
 use crate::limits;
 
 /// Serve a TCPStore-compatible key-value store until SIGTERM or SIGINT.
@@ -32,6 +34,11 @@ struct StoreArgs {
     /// closed [default: 4 × --max-frame-bytes]. At least 2 × --max-frame-bytes.
     #[arg(long, value_parser = positive)]
     max_buffered_bytes: Option<usize>,
+    /// A file holding the job token the agents must present [default: $MUSTER_RDZV_TOKEN]; with neither,
+    /// any client that speaks muster's handshake is an agent (docs/security.md). Keep it readable by the
+    /// job's user only.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
 }
 
 /// A count or size: zero would serve nothing.
@@ -67,6 +74,20 @@ fn server_config(args: &StoreArgs, open_files: u64) -> Result<ServerConfig, Stri
     })
 }
 
+/// The token agents must present: `--token-file`, else `$MUSTER_RDZV_TOKEN` (`env`, as read); one that is
+/// empty, unreadable or not UTF-8 is refused rather than served as "no token".
+fn job_token(args: &StoreArgs, env: Result<String, std::env::VarError>) -> Result<Option<Vec<u8>>, String> {
+    let env = match env {
+        Ok(text) => Some(text),
+        Err(std::env::VarError::NotPresent) => None,
+        Err(std::env::VarError::NotUnicode(_)) => {
+            return Err(format!("{TOKEN_ENV} is not UTF-8 text; give the job token as text or with --token-file"))
+        }
+    };
+    let token = token::resolve(args.token_file.as_deref(), "--token-file", env).map_err(|e| e.to_string())?;
+    Ok(token.map(|t| t.bytes().to_vec()))
+}
+
 /// Entry point of `muster store ARGS...` (`args` after the subcommand); returns the exit code.
 pub fn store_main(args: &[String]) -> i32 {
     let args: StoreArgs = match crate::cli::parse_subcommand("store", args) {
@@ -74,13 +95,20 @@ pub fn store_main(args: &[String]) -> i32 {
         Err(code) => return code,
     };
     crate::telemetry::init_with("info");
-    let config = match server_config(&args, limits::raise_open_files().soft) {
+    let config = server_config(&args, limits::raise_open_files().soft)
+        .and_then(|config| Ok(ServerConfig { token: job_token(&args, std::env::var(TOKEN_ENV))?, ..config }));
+    let config = match config {
         Ok(config) => config,
         Err(e) => {
             eprintln!("muster store: error: {e}");
             return 2;
         }
     };
+    if config.token.is_none() {
+        tracing::info!(
+            "no job token ({TOKEN_ENV} or --token-file): any client that speaks muster's handshake is served as an agent"
+        );
+    }
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
@@ -139,6 +167,26 @@ mod tests {
             let line = crate::cli::one_line(&e);
             assert!(line.contains(flag) && line.contains("> 0"), "{line}");
         }
+    }
+
+    #[test]
+    fn the_token_comes_from_the_file_or_the_environment_and_bad_ones_are_refused() {
+        use std::env::VarError;
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, "from-file\n").unwrap();
+        let path = file.display().to_string();
+        let token = |args: &[&str], env| job_token(&parse(args).unwrap(), env);
+        assert_eq!(token(&[], Err(VarError::NotPresent)), Ok(None));
+        assert_eq!(token(&[], Ok("from-env".into())), Ok(Some(b"from-env".to_vec())));
+        assert_eq!(token(&["--token-file", &path], Ok("from-env".into())), Ok(Some(b"from-file".to_vec())));
+        let missing = dir.path().join("missing").display().to_string();
+        let e = token(&["--token-file", &missing], Err(VarError::NotPresent)).unwrap_err();
+        assert!(e.starts_with("'--token-file=") && e.contains("cannot read") && !e.contains('\n'), "{e}");
+        let e = token(&[], Ok(" ".into())).unwrap_err();
+        assert!(e.contains(TOKEN_ENV) && e.contains("empty"), "{e}");
+        let e = token(&[], Err(VarError::NotUnicode(std::ffi::OsString::from("x")))).unwrap_err();
+        assert!(e.contains(TOKEN_ENV) && e.contains("UTF-8"), "{e}");
     }
 
     #[test]

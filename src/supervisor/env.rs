@@ -1,9 +1,13 @@
 //! The worker environment contract, value for value as torchrun 2.15 sets it (reference §2.1).
 //!
-//! Workers inherit the agent's whole environment; these variables are added on top and override any value
-//! the agent had.
+//! Workers inherit the agent's whole environment but for [`WITHHELD`]; these variables are added on top and
+//! override any value the agent had.
 
 use std::path::Path;
+
+/// The agent's own variables that never reach a worker: the job token (training code often logs its whole
+/// environment, and a worker holding the token could act as an agent of the job; docs/security.md).
+pub const WITHHELD: &[&str] = &[crate::config::token::TOKEN_ENV];
 
 /// What one start of the worker group is: the rendezvous result and the attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -453,6 +453,9 @@ fn spawn_worker(
     });
     let [stdin, stdout, stderr] = stdio;
     let mut cmd = tokio::process::Command::new(program);
+    for name in env::WITHHELD {
+        cmd.env_remove(name);
+    }
     cmd.args(args).envs(env.iter().map(|(k, v)| (k, v))).stdin(stdin).stdout(stdout).stderr(stderr);
     // SAFETY: only async-signal-safe calls (write, setsid, prctl, getppid, raise) run between fork and exec.
     unsafe {

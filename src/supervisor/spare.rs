@@ -28,7 +28,7 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::unistd::Pid;
 
-use super::env::{Placement, PER_START};
+use super::env::{Placement, PER_START, WITHHELD};
 use super::reaper::{OrphanGuard, OWN_CHILDREN};
 
 /// What a spare runs: `python -u -c BOOTSTRAP MODULES ARGS...`.
@@ -66,6 +66,7 @@ impl WorkerCommand {
         for (k, v) in std::env::vars_os() {
             all.insert(k.into_string().ok()?, v.into_string().ok()?);
         }
+        all.retain(|k, _| !WITHHELD.contains(&k.as_str()));
         all.extend(self.env.iter().cloned());
         Some(all)
     }
