@@ -34,6 +34,10 @@ impl Drop for GroupGuard {
 /// session swept. Never fails the caller.
 pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, guard: &Arc<OrphanGuard>) {
     let mut command = tokio::process::Command::new("sh");
+    // A user's hook gets what workers get: never the job token.
+    for name in super::env::WITHHELD {
+        command.env_remove(name);
+    }
     command.arg("-c").arg(cmd).envs(env.iter().map(|(k, v)| (k, v))).stdin(Stdio::null());
     let cgroup_procs = guard.cgroup_procs();
     // SAFETY: write and setsid are async-signal-safe.
