@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use super::{StoreError, WatchEvent, WatchTarget};
+use super::StoreError;
 
 pub trait Store: Send + Sync + 'static {
     fn set(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -43,4 +43,25 @@ pub trait Store: Send + Sync + 'static {
         &self,
         targets: &[WatchTarget],
     ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>> + Send;
+}
+
+/// What a watch follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WatchTarget {
+    Key(String),
+    Prefix(String),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchEventKind {
+    /// Set or changed by any request.
+    Written,
+    /// Deleted, including by its session's end or a store clear.
+    Deleted,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WatchEvent {
+    pub kind: WatchEventKind,
+    pub key: String,
 }

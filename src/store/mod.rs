@@ -8,6 +8,5 @@ mod standalone;
 pub mod tcp;
 
 pub use error::StoreError;
-pub use kv::Store;
-pub use tcp::{WatchEvent, WatchEventKind, WatchTarget};
+pub use kv::{Store, WatchEvent, WatchEventKind, WatchTarget};
 pub use standalone::{run_standalone, store_main};

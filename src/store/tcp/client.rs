@@ -1,5 +1,5 @@
-//! Async client for torch's TCPStore protocol: talks to torch's libuv and legacy servers and to
-//! muster's, whose extensions (session-bound keys, watches) it also speaks.
+//! Async client for torch's TCPStore protocol, as torch's own client speaks it: talks to torch's libuv
+//! and legacy servers and to muster's (muster's agents use one tagged connection instead: `super::mux`).
 //!
 //! Keys are namespaced exactly as torch's client does (`/` + key), so muster and torch
 //! processes sharing a store see the same keys. Every network wait has a deadline: the client's
@@ -29,11 +29,9 @@ pub(super) mod connect;
 mod reply;
 #[cfg(test)]
 pub(crate) mod tests;
-mod watch;
 
 pub use connect::FOREIGN_ATTEMPTS;
 use connect::jitter_seed;
-pub use watch::{WatchEvent, WatchEventKind, WatchTarget, Watcher};
 
 /// Largest reply accepted, in bytes.
 const MAX_REPLY_BYTES: usize = 1 << 30;
@@ -257,27 +255,6 @@ impl Client {
             });
         }
         Ok(())
-    }
-
-    /// Sets a key that the server deletes when this connection closes (muster servers only;
-    /// torch's close the connection).
-    pub async fn set_session(&mut self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.post(
-            &Request::SetSession {
-                key: &wire(key),
-                value,
-            },
-            "set_session",
-        )
-        .await
-    }
-
-    /// Turns this connection into a watch connection (muster servers only). It keeps the
-    /// session keys it set, and can still set more.
-    pub async fn watch(self, target: WatchTarget) -> Result<Watcher, StoreError> {
-        let mut watcher = Watcher::new(self);
-        watcher.watch(target).await?;
-        Ok(watcher)
     }
 
     /// WAIT on `keys` with torch's timeout protocol.

@@ -6,6 +6,6 @@ pub mod mux;
 pub mod server;
 mod state;
 
-pub use client::{Client, WatchEvent, WatchEventKind, WatchTarget, Watcher};
+pub use client::Client;
 pub use mux::Mux;
 pub use server::{Server, ServerConfig};

@@ -481,3 +481,5 @@ mod bound_tests;
 mod tests;
 #[cfg(test)]
 mod access_tests;
+#[cfg(test)]
+mod session_tests;

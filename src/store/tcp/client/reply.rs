@@ -1,7 +1,7 @@
 //! The client's key namespace and its reply converters: each takes a decoded [`Reply`] and returns the value
 //! of the shape an operation expects, or `None` for another shape (the caller's protocol error).
 
-use super::super::frame::{EventKind, Reply};
+use super::super::frame::Reply;
 
 /// A key as torch's client puts it on the wire (`/` + key).
 pub(super) fn wire(key: &str) -> Vec<u8> {
@@ -66,13 +66,6 @@ pub(super) fn keys_of(reply: Reply<'_>) -> Option<Vec<String>> {
                 .map(|k| String::from_utf8_lossy(k).into_owned())
                 .collect(),
         ),
-        _ => None,
-    }
-}
-
-pub(super) fn event_of(reply: Reply<'_>) -> Option<(EventKind, Vec<u8>)> {
-    match reply {
-        Reply::Event { kind, key } => Some((kind, key.to_vec())),
         _ => None,
     }
 }

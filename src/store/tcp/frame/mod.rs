@@ -20,22 +20,19 @@
 //!   A later `SET_SESSION` from another connection takes the key over; `SET`/`MULTI_SET` (which
 //!   replace the value wholesale) and `DELETE_KEY` unbind it; in-place updates (`ADD`, `APPEND`,
 //!   `COMPARE_SET`, `BARRIER`) keep it bound, as a Redis TTL survives `INCR` but not `SET`.
-//! * `WATCH` 0xF1 — `u8 mode (0 = exact key, 1 = key prefix), str pattern`. Switches the
-//!   connection to watch mode: from then on every server-to-client message is an event
-//!   `u8 kind, str key`, kind 0 = `WATCHING` (the reply to a `WATCH`, key = its pattern),
-//!   1 = `WRITTEN` (the value was set or changed by any request), 2 = `DELETED` (`DELETE_KEY`,
-//!   owner of a session key gone, store cleared). A watch connection may still send requests
-//!   that have no reply (`SET`, `SET_SESSION`, `APPEND`, `MULTI_SET`, `QUEUE_PUSH`) and more
-//!   `WATCH`es; any other request closes it, since its reply could not be told from an event.
-//!   Watch first, then read the current state on another connection, to miss nothing.
+//! * `WATCH` 0xF1 — `u8 mode (0 = exact key, 1 = key prefix), str pattern`; agents' (tagged)
+//!   connections only. Answered by a tagged event `u8 kind, str key` of kind 0 = `WATCHING`
+//!   (key = its pattern); from then on the connection also gets tagged events of kind
+//!   1 = `WRITTEN` (the value was set or changed by any request) and 2 = `DELETED` (`DELETE_KEY`,
+//!   owner of a session key gone, store cleared) for every key it matches, between its replies.
+//!   Watch first, then read the current state, to miss nothing.
 //! * `HELLO` 0xF2 — `u32 version, bytes token`; muster's agents send it as their first request
 //!   instead of `VALIDATE`. The reply is one tagged `u8`: [`HELLO_OK`], or [`HELLO_REFUSED`] (the
 //!   server holds a job token and this is not it) after which the server closes. From then on the
 //!   connection is **tagged**: every server-to-client message starts with [`TAG_REPLY`] (the
 //!   reply to the oldest request awaiting one, in the shape its request implies) or [`TAG_EVENT`]
 //!   (a watch event `u8 kind, str key`), so replies and events share one connection and an agent
-//!   needs one connection in all. `WATCH` there is answered by a tagged `WATCHING` reply and does
-//!   not restrict later requests; `WAIT`/`BARRIER`, whose replies come late, are refused (a
+//!   needs one connection in all. `WAIT`/`BARRIER`, whose replies come late, are refused there (a
 //!   tagged client waits by watching). Only tagged connections may touch keys under the
 //!   protected prefix (muster's own, `/muster/`): see `state`.
 //! * `UNWATCH` 0xF3 — `u8 mode, str pattern`; no reply. Ends one `WATCH` of this connection.

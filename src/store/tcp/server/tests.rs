@@ -2,16 +2,14 @@
 //! `shared/reference/tcpstore.md` §6), by hostile and random input, and by a killed process.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use super::*;
 use crate::store::tcp::frame::tests::{fuzz_cases, random_frame, Rng};
-use crate::store::tcp::frame::WatchMode;
-use crate::store::tcp::{Client, WatchEvent, WatchEventKind, WatchTarget};
+use crate::store::tcp::Client;
 
 pub(super) const TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const VALIDATE: [u8; 5] = [0x00, 0xce, 0xf7, 0x85, 0x3c];
@@ -399,178 +397,6 @@ async fn random_input_never_stops_the_server() {
     }
     let mut c = client(&server).await;
     assert_eq!(c.add("still-serving", 1).await.unwrap(), 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn watch_connection_refuses_requests_with_replies() {
-    let server = start(ServerConfig::default()).await;
-    let mut s = raw(&server).await;
-    let reply = request(
-        &mut s,
-        Request::Watch {
-            mode: WatchMode::Key,
-            pattern: b"/a",
-        },
-        11,
-    )
-    .await;
-    assert_eq!(reply, [0, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
-    request(
-        &mut s,
-        Request::Set {
-            key: b"/a",
-            value: b"1",
-        },
-        0,
-    )
-    .await;
-    let mut event = [0; 11];
-    s.read_exact(&mut event).await.unwrap();
-    assert_eq!(event, [1, 2, 0, 0, 0, 0, 0, 0, 0, b'/', b'a']);
-    request(&mut s, Request::Get { key: b"/a" }, 0).await;
-    assert!(closed(&mut s).await);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_keys_vanish_with_their_connection_and_watchers_hear_it() {
-    let server = start(ServerConfig::default()).await;
-    let mut watcher = client(&server)
-        .await
-        .watch(WatchTarget::Prefix("agents/".into()))
-        .await
-        .unwrap();
-    watcher
-        .watch(WatchTarget::Key("plain".into()))
-        .await
-        .unwrap();
-    let mut agent = client(&server).await;
-    agent.set_session("agents/1", b"alive").await.unwrap();
-    agent.set_session("agents/2", b"alive").await.unwrap();
-    agent.add("agents/2", 0).await.unwrap_err();
-    let mut agent = client(&server).await;
-    agent.set_session("agents/1", b"alive").await.unwrap();
-    agent.set_session("plain", b"x").await.unwrap();
-    agent.set("plain", b"now ordinary").await.unwrap();
-    let mut other = client(&server).await;
-    assert_eq!(other.get("agents/1").await.unwrap(), b"alive");
-    let written = |key: &str| {
-        Some(WatchEvent {
-            kind: WatchEventKind::Written,
-            key: key.into(),
-        })
-    };
-    let deleted = |key: &str| {
-        Some(WatchEvent {
-            kind: WatchEventKind::Deleted,
-            key: key.into(),
-        })
-    };
-    let mut seen = Vec::new();
-    while let Some(event) = watcher
-        .next_event(Duration::from_millis(200))
-        .await
-        .unwrap()
-    {
-        seen.push(Some(event));
-    }
-    // The first agent's connection was closed by the server (ADD on "alive"): its keys went,
-    // in no particular order.
-    seen[2..4].sort_by_key(|e| e.as_ref().map(|e| e.key.clone()));
-    assert_eq!(
-        seen,
-        [
-            written("agents/1"),
-            written("agents/2"),
-            deleted("agents/1"),
-            deleted("agents/2"),
-            written("agents/1"),
-            written("plain"),
-            written("plain")
-        ]
-    );
-    let closed_at = Instant::now();
-    drop(agent);
-    assert_eq!(
-        watcher
-            .next_event(Duration::from_millis(100))
-            .await
-            .unwrap(),
-        deleted("agents/1")
-    );
-    assert!(closed_at.elapsed() < Duration::from_millis(100));
-    assert!(!other.check(&["agents/1"]).await.unwrap());
-    assert!(other.check(&["plain"]).await.unwrap());
-}
-
-/// Environment variable naming the store a [`session_holder_process`] child connects to.
-const HOLDER_ADDR: &str = "MUSTER_TEST_SESSION_HOLDER_ADDR";
-
-/// Not a test by itself: the child process of the next test (this test binary re-run with
-/// `HOLDER_ADDR` set), which holds a session key until it is SIGKILLed.
-#[test]
-fn session_holder_process() {
-    let Ok(addr) = std::env::var(HOLDER_ADDR) else {
-        return;
-    };
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    runtime.block_on(async {
-        let mut c = Client::connect(addr.parse().unwrap(), TIMEOUT)
-            .await
-            .unwrap();
-        c.set_session("agents/child", b"alive").await.unwrap();
-        c.ping().await.unwrap();
-        println!("holder ready");
-        tokio::time::sleep(Duration::from_secs(60)).await;
-    });
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn session_key_of_a_killed_process_vanishes() {
-    let server = start(ServerConfig::default()).await;
-    let mut watcher = client(&server)
-        .await
-        .watch(WatchTarget::Key("agents/child".into()))
-        .await
-        .unwrap();
-    let mut child = tokio::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "store::tcp::server::tests::session_holder_process",
-            "--nocapture",
-        ])
-        .env(HOLDER_ADDR, server.local_addr().to_string())
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    while let Some(line) = tokio::time::timeout(TIMEOUT, lines.next_line())
-        .await
-        .unwrap()
-        .unwrap()
-    {
-        if line.contains("holder ready") {
-            break;
-        }
-    }
-    let event = watcher.next_event(TIMEOUT).await.unwrap().unwrap();
-    assert_eq!(event.kind, WatchEventKind::Written);
-    let pid = nix::unistd::Pid::from_raw(child.id().unwrap() as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).unwrap();
-    let killed_at = Instant::now();
-    let event = watcher
-        .next_event(Duration::from_millis(100))
-        .await
-        .unwrap();
-    assert_eq!(
-        event,
-        Some(WatchEvent {
-            kind: WatchEventKind::Deleted,
-            key: "agents/child".into()
-        })
-    );
-    assert!(killed_at.elapsed() < Duration::from_millis(100));
-    child.wait().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -13,7 +13,7 @@ pub(super) fn protected(key: &[u8]) -> bool {
 }
 
 /// Whether a request from a connection that is not an agent's must be refused: it names a protected
-/// key, or watches a prefix that covers some. (LIST_KEYS and GET_NUM_KEYS are served with muster's keys
+/// key, or watches anything. (LIST_KEYS and GET_NUM_KEYS are served with muster's keys
 /// left out instead, so torch's `num_keys()` and listing still work.)
 pub(super) fn forbidden(request: &Request<'_>) -> bool {
     match request {
@@ -32,9 +32,8 @@ pub(super) fn forbidden(request: &Request<'_>) -> bool {
             keys.iter().any(|k| protected(k))
         }
         Request::MultiSet { pairs } => pairs.iter().any(|(k, _)| protected(k)),
-        Request::Watch { pattern, .. } | Request::Unwatch { pattern, .. } => {
-            protected(pattern) || PROTECTED_PREFIX.starts_with(pattern)
-        }
+        // Events share a connection with replies only once it is tagged (an agent's).
+        Request::Watch { .. } | Request::Unwatch { .. } => true,
         Request::Validate { .. }
         | Request::Hello { .. }
         | Request::GetNumKeys
@@ -69,7 +68,7 @@ mod tests {
             (Request::Check { keys: vec![b"/a", b"/muster/x"] }, true),
             (Request::MultiSet { pairs: vec![(b"/a", b"1"), (b"/muster/b", b"2")] }, true),
             (Request::Watch { mode: WatchMode::Prefix, pattern: b"/" }, true),
-            (Request::Watch { mode: WatchMode::Prefix, pattern: b"/work/" }, false),
+            (Request::Watch { mode: WatchMode::Prefix, pattern: b"/work/" }, true),
             (Request::Watch { mode: WatchMode::Key, pattern: b"/muster/run/seal" }, true),
             (Request::ListKeys, false),
             (Request::GetNumKeys, false),

@@ -39,8 +39,6 @@ pub(crate) enum Refusal {
     ReplyTooLarge { query: Query, limit: usize },
     #[error("{query:?} would grow a value past the {limit}-byte limit (max_frame_bytes)")]
     ValueTooLarge { query: Query, limit: usize },
-    #[error("{0:?} on a watch connection: its reply could not be told apart from an event")]
-    NotOnWatchConnection(Query),
     #[error("VALIDATE or HELLO after the first request")]
     LateValidate,
     #[error("{0:?} on a tagged (agent) connection, which waits by watching")]
@@ -231,13 +229,6 @@ impl State {
         }
         if !agent && access::forbidden(&request) {
             return Err(Refusal::Protected(query));
-        }
-        if !agent
-            && !conn.watches.is_empty()
-            && request.reply_shape().is_some()
-            && !matches!(request, Request::Watch { .. })
-        {
-            return Err(Refusal::NotOnWatchConnection(query));
         }
         // Own replies go to `out` (tagged on an agent's connection: the tag is taken back if
         // the request has no reply); bytes other requests queue for this connection meanwhile
