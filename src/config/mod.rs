@@ -26,8 +26,14 @@ pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, Sto
 #[error("{0}")]
 pub struct ConfigError(String);
 
+/// A bad-input message; control characters of an echoed value are escaped so that it stays one line.
 fn bad(msg: impl Into<String>) -> ConfigError {
-    ConfigError(msg.into())
+    let msg: String = msg.into();
+    ConfigError(if msg.contains(char::is_control) {
+        msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+    } else {
+        msg
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -239,6 +245,12 @@ mod tests {
             let e = config(args).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn an_echoed_value_with_a_line_break_stays_one_line() {
+        let e = config(&["--nnodes", "1\n2", "/bin/true"]).unwrap_err().to_string();
+        assert_eq!(e, "invalid value '1\\n2' for '--nnodes': use N or MIN:MAX with 0 < MIN <= MAX");
     }
 
     #[test]
