@@ -143,6 +143,10 @@ impl LaunchConfig {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
 
+        // The rendezvous records are lines of space-separated fields (rendezvous/wire.rs).
+        if let Some(addr) = cli.local_addr.as_deref().filter(|a| a.is_empty() || a.contains(char::is_whitespace)) {
+            return Err(bad(format!("invalid value '{addr}' for '--local-addr': use a host name or address (no spaces)")));
+        }
         let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
         let logs = LogConfig::from_cli(cli, host)?;
 
@@ -240,6 +244,7 @@ mod tests {
             (&["--rdzv-endpoint", ":", "/bin/true"], "--rdzv-endpoint"),
             (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
             (&[], "script is missing"),
+            (&["--local-addr", "my host", "/bin/true"], "--local-addr"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();
