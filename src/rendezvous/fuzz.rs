@@ -126,3 +126,12 @@ fn json_records_and_the_round_counter_decode_without_panics_and_re_encode_the_sa
         assert_eq!(parse_round(text.as_bytes()), (round, expected), "round counter {text}");
     }
 }
+
+#[test]
+fn a_field_ending_in_a_carriage_return_survives_a_round_trip() {
+    // Found by the long fuzz run: `lines()` took the '\r' of "id\r\n" for part of the line ending.
+    let decoded = Seal::decode(b"2 addr id\r").map(|s| s.members).ok();
+    let node = NodeInfo { id: "id\r".into(), addr: "addr".into(), nproc: 2 };
+    assert_eq!(decoded.as_deref(), Some(&[node.clone()][..]));
+    assert_eq!(Seal::decode(&Seal { members: vec![node.clone()] }.encode()).map(|s| s.members).ok(), Some(vec![node]));
+}
