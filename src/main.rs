@@ -13,7 +13,14 @@ use muster::supervisor::failure;
 use muster::supervisor::reaper::{GuardError, OrphanGuard};
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
+    // std::env::args() panics on an argument that is not UTF-8: that is bad input like any other.
+    let args: Vec<String> = match std::env::args_os().map(|a| a.into_string()).collect() {
+        Ok(args) => args,
+        Err(bad) => {
+            eprintln!("muster: error: argument {:?} is not valid UTF-8; muster takes UTF-8 arguments only", bad);
+            return ExitCode::from(2);
+        }
+    };
     // Before any thread or child exists, so the stores, the orphan guard and the tools all see it.
     muster::limits::raise_open_files();
     if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {

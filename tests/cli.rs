@@ -61,6 +61,35 @@ fn bad_input_table() {
     assert_bad_input(muster().env("PET_LOG_DIR", under_a_file).arg(script), "PET_LOG_DIR", "--log-dir", &marker);
 }
 
+/// Arguments no user means (bytes that are not UTF-8, line breaks and control characters in values, stray
+/// dashes): the same one line and exit 2 as any bad input (the lib's `cli::fuzz` covers many more in-process).
+#[test]
+fn junk_arguments_are_one_line_and_exit_2() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().unwrap();
+    let marker = dir.path().join("started");
+    let script = dir.path().join("w.py");
+    std::fs::write(&script, format!("open({:?}, 'a').write('x')\n", marker)).unwrap();
+    let script = script.to_str().unwrap();
+    let not_utf8 = OsStr::from_bytes(b"--nnodes=\xff\xfe");
+    assert_bad_input(muster().arg(not_utf8).arg(script), "not UTF-8", "not valid UTF-8", &marker);
+    assert_bad_input(muster().arg(script).arg(OsStr::from_bytes(b"\xc3")), "not UTF-8 script argument", "UTF-8", &marker);
+    let cases: &[(&[&str], &str)] = &[
+        (&["--nnodes", "1\n2", script], "--nnodes"),
+        (&["--rdzv-conf", "join_timeout=\r\n5\u{1}", script], "--rdzv-conf"),
+        (&["--nproc-per-node=\u{1}", script], "--nproc-per-node"),
+        (&["--tee", "\t", script], "--tee"),
+        (&["--\u{e9}", script], "unrecognized arguments"),
+        (&["--log-dir"], "--log-dir"),
+        (&["-", "x"], "'-'"),
+        (&["--=", script], "ambiguous option: --= could match"),
+    ];
+    for (args, needle) in cases {
+        assert_bad_input(muster().args(*args), &format!("{args:?}"), needle, &marker);
+    }
+}
+
 /// Exit 2, one line on stderr naming `flag`, and no worker started.
 fn assert_bad_input(cmd: &mut std::process::Command, what: &str, flag: &str, marker: &std::path::Path) {
     // No NVML library can be found: `gpu` must fail whatever this machine has.

@@ -20,6 +20,8 @@ mod config;
 mod device;
 mod ecc;
 mod events;
+#[cfg(test)]
+mod fuzz;
 mod incident;
 mod procs;
 mod state;

@@ -9,6 +9,8 @@
 use clap::{ArgAction, CommandFactory, FromArgMatches, Parser};
 
 mod argv;
+#[cfg(test)]
+mod fuzz;
 
 pub use argv::ArgvError;
 

@@ -27,8 +27,14 @@ pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, Sto
 #[error("{0}")]
 pub struct ConfigError(String);
 
+/// A bad-input message; control characters of an echoed value are escaped so that it stays one line.
 fn bad(msg: impl Into<String>) -> ConfigError {
-    ConfigError(msg.into())
+    let msg: String = msg.into();
+    ConfigError(if msg.contains(char::is_control) {
+        msg.chars().map(|c| if c.is_control() { c.escape_default().to_string() } else { c.to_string() }).collect()
+    } else {
+        msg
+    })
 }
 
 #[derive(Debug, Clone)]
@@ -141,6 +147,10 @@ impl LaunchConfig {
             return Err(bad(format!("invalid value '{specs}' for '--logs-specs': muster has only 'default'")));
         }
 
+        // The rendezvous records are lines of space-separated fields (rendezvous/wire.rs).
+        if let Some(addr) = cli.local_addr.as_deref().filter(|a| a.is_empty() || a.contains(char::is_whitespace)) {
+            return Err(bad(format!("invalid value '{addr}' for '--local-addr': use a host name or address (no spaces)")));
+        }
         let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
         let logs = LogConfig::from_cli(cli, host)?;
 
@@ -239,11 +249,18 @@ mod tests {
             (&["--rdzv-endpoint", ":", "/bin/true"], "--rdzv-endpoint"),
             (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
             (&[], "script is missing"),
+            (&["--local-addr", "my host", "/bin/true"], "--local-addr"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();
             assert!(e.contains(needle), "{args:?}: {e}");
         }
+    }
+
+    #[test]
+    fn an_echoed_value_with_a_line_break_stays_one_line() {
+        let e = config(&["--nnodes", "1\n2", "/bin/true"]).unwrap_err().to_string();
+        assert_eq!(e, "invalid value '1\\n2' for '--nnodes': use N or MIN:MAX with 0 < MIN <= MAX");
     }
 
     #[test]

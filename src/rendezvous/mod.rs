@@ -32,6 +32,8 @@ use tokio::time::Instant;
 
 use crate::store::{Store, StoreError, WatchEvent};
 
+#[cfg(test)]
+mod fuzz;
 mod join;
 mod liveness;
 #[cfg(test)]

@@ -62,8 +62,9 @@ impl Seal {
 
     pub(super) fn decode(bytes: &[u8]) -> Result<Seal, RdzvError> {
         let text = std::str::from_utf8(bytes).map_err(|e| RdzvError::State(format!("bad seal: {e}")))?;
+        // Lines end at '\n' only, as `encode` writes them: `lines()` would also eat a '\r' ending a field.
         let members = text
-            .lines()
+            .split_terminator('\n')
             .map(|l| {
                 let mut f = l.splitn(3, ' ');
                 match (f.next().and_then(|n| n.parse().ok()), f.next(), f.next()) {

@@ -147,6 +147,12 @@ impl Lines {
     }
 }
 
+/// How long to sleep for an expiry at `at` (epoch seconds, any finite value a client sent), at most
+/// `MAX_SLEEP`: clamped in seconds first, as `Duration::from_secs_f64` panics on a far-future time.
+fn sleep_until(at: f64, now: f64) -> Duration {
+    Duration::from_secs_f64((at - now).clamp(0.0, MAX_SLEEP.as_secs_f64()))
+}
+
 fn epoch_now() -> f64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs_f64()).unwrap_or_default()
 }
@@ -212,7 +218,7 @@ async fn serve(mut receiver: pipe::Receiver, sessions: HashSet<i32>) {
     let mut lines = Lines::default();
     let mut buf = vec![0u8; 8192];
     loop {
-        let sleep = timers.next_expiry().map(|t| Duration::from_secs_f64((t - epoch_now()).max(0.0)).min(MAX_SLEEP));
+        let sleep = timers.next_expiry().map(|t| sleep_until(t, epoch_now()));
         tokio::select! {
             read = receiver.read(&mut buf) => match read {
                 // Never at end-of-file: this end holds the FIFO open for writing too.
@@ -272,6 +278,9 @@ fn act(reap: &Reap, sessions: &HashSet<i32>) {
         tracing::warn!("file timer: cannot signal pid {}: {e}", reap.pid);
     }
 }
+
+#[cfg(test)]
+mod fuzz;
 
 #[cfg(test)]
 mod tests {
