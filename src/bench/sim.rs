@@ -14,7 +14,6 @@ use super::BenchError;
 use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, RoundInfo, Settings};
 use crate::store::remote::RemoteStore;
 use super::server::StoreProcess;
-use crate::store::tcp::ServerConfig;
 
 /// What one simulated node brings back. `_rendezvous` is kept so its connections (and session keys) stay up
 /// until every node is done: a node leaving early would send every other node's watch an event.
@@ -28,9 +27,8 @@ pub(super) struct NodeOutcome {
 }
 
 pub(super) async fn simulate(nodes: u32, nproc: u32, settings: Settings, timeout: Duration) -> Result<Report, BenchError> {
-    // Three or four connections a node (requests, liveness, the round watch; a second request connection
-    // while a long wait runs), with room to spare; the default allows 16384.
-    let max_connections = ServerConfig::default().max_connections.max(4 * nodes as usize + 64);
+    // One connection a node, with room for a node's reconnect overlapping its old connection's close.
+    let max_connections = nodes as usize + 64;
     let (server, addr) = StoreProcess::start(max_connections).await?;
     let counts: Vec<Arc<OpCounts>> = (0..nodes).map(|_| Arc::default()).collect();
     let barrier = Arc::new(Barrier::new(nodes as usize));
