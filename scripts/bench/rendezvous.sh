@@ -3,8 +3,10 @@
 # own DynamicRendezvousHandler (the c10d backend torchrun uses), on this machine, min = max = N.
 #
 # muster: `muster bench rendezvous --nodes N` (simulation mode: a real store server and N agents'
-# rendezvous logic as tasks in one process, each with its own loopback connections), RUNS times per N
-# (default 3), each bounded by MUSTER_TIMEOUT seconds (default 60); the median of the runs that finished.
+# rendezvous logic as tasks in one process, each with its own loopback connection), RUNS times per N
+# (default 3), each bounded by MUSTER_TIMEOUT seconds (default 300); the median of the runs that finished.
+# Each node is one descriptor in the bench and one in its store: an N the open-file limit cannot hold
+# (32768 under a hard limit of 20000) is refused at once, and its row says so.
 # torch: scripts/bench/torch_rendezvous.py (N threads, each a handler with its own TCPStore client), once
 # per N, bounded by TORCH_TIMEOUT seconds (default 600). torch's time grows much faster than linearly, so
 # once it misses the bound the larger N are not run (TORCH_ALL=1 runs them anyway).
@@ -14,9 +16,9 @@ set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/../.."
 
-NODES="${NODES:-64 256 1024 4096}"
+NODES="${NODES:-64 256 1024 4096 16384 32768}"
 RUNS="${RUNS:-3}"
-MUSTER_TIMEOUT="${MUSTER_TIMEOUT:-60}"
+MUSTER_TIMEOUT="${MUSTER_TIMEOUT:-300}"
 TORCH_TIMEOUT="${TORCH_TIMEOUT:-600}"
 TORCH_ALL="${TORCH_ALL:-0}"
 source scripts/lib.sh
@@ -56,8 +58,10 @@ for n in $NODES; do
             total="$(field "$work/run.json" total_ms)"
             echo "$total" >>"$work/m$n.total"
             echo "$(field "$work/run.json" ops_per_node.mean) $(field "$work/run.json" ops_per_node.max)" >>"$work/m$n.ops"
-            printf '  muster N=%-5s run %d/%d: %9.1f ms (join %.1f ms), store ops/node mean %.1f max %s, read/node %.1f KiB\n' \
-                "$n" "$i" "$RUNS" "$total" "$(field "$work/run.json" join_ms)" "$(field "$work/run.json" ops_per_node.mean)" \
+            # The machine may be shared: the 1-minute load average goes with each figure.
+            printf '  muster N=%-5s run %d/%d: %9.1f ms (join %.1f ms, load %s), store ops/node mean %.1f max %s, read/node %.1f KiB\n' \
+                "$n" "$i" "$RUNS" "$total" "$(field "$work/run.json" join_ms)" "$(cut -d' ' -f1 /proc/loadavg)" \
+                "$(field "$work/run.json" ops_per_node.mean)" \
                 "$(field "$work/run.json" ops_per_node.max)" "$(awk -v b="$(field "$work/run.json" read_bytes_per_node.mean)" 'BEGIN { print b / 1024 }')"
         else
             hung=$((hung + 1))

@@ -2,8 +2,9 @@
 //!
 //! `muster bench rendezvous --nodes N` simulates N agents forming one round: it starts a real store server on
 //! loopback and runs N copies of the agents' rendezvous logic ([`Rendezvous::register`] then
-//! [`Rendezvous::next_round`]) as tokio tasks, each with its own [`RemoteStore`] connections, so what is
-//! measured is the algorithm plus the real wire protocol and server, without N processes' start-up noise.
+//! [`Rendezvous::next_round`]) as tokio tasks, each with its own [`RemoteStore`] (one connection, as an
+//! agent's), so what is measured is the algorithm plus the real wire protocol and server, without N
+//! processes' start-up noise. N is bounded by the host: one descriptor a node on each side ([`capacity`]).
 //! Every node connects and registers first, then all of them call `next_round` at once (a barrier): the join
 //! phase is the worst case, N nodes contending at the same instant.
 //!
@@ -11,6 +12,7 @@
 //! [`Rendezvous::next_round`]: crate::rendezvous::Rendezvous::next_round
 //! [`RemoteStore`]: crate::store::remote::RemoteStore
 
+mod capacity;
 mod counting;
 mod report;
 mod server;
@@ -151,7 +153,7 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     };
     let timeout = secs("timeout", args.timeout)?;
     let last_call = secs("last-call-timeout", args.last_call_timeout)?;
-    raise_fd_limit();
+    let max_connections = capacity::max_connections(nodes, capacity::Host::this()).map_err(BenchError::Usage)?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -171,23 +173,8 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         node_rank: None,
         strict_rank: false,
     };
-    let outcome = runtime.block_on(simulate(nodes, args.nproc, settings, timeout));
+    let outcome = runtime.block_on(simulate(nodes, args.nproc, settings, timeout, max_connections));
     // Simulated nodes may still be connected (a failed run): don't wait for them.
     runtime.shutdown_background();
     outcome
-}
-
-/// Raises the soft open-file limit to the hard one: each simulated node holds three or four connections, so
-/// 4096 nodes need over 12000 descriptors in this process (the server's ends are in its own).
-fn raise_fd_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!("cannot raise the open-file limit from {soft} to {hard}: {e}");
-            }
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("cannot read the open-file limit: {e}"),
-    }
 }

@@ -1,6 +1,6 @@
 //! The bench's store server: `muster store` as a child process, so the simulated agents' connections and
-//! the server's ends of them count against two processes' open-file limits, not one (each node holds about
-//! three connections: 4096 nodes need over 12000 descriptors on each side).
+//! the server's ends of them count against two processes' open-file limits, not one (a node holds one
+//! connection: 16384 nodes need over 16384 descriptors on each side).
 
 use std::net::SocketAddr;
 use std::process::Stdio;
@@ -25,7 +25,8 @@ impl StoreProcess {
         let mut child = Command::new(exe)
             .args(["store", "--host", "127.0.0.1", "--port", "0"])
             .arg(format!("--max-connections={max_connections}"))
-            .env("RUST_LOG", "error")
+            // The bench's own filter (RUST_LOG=muster::store=debug shows what the store closed and why).
+            .env("RUST_LOG", std::env::var("RUST_LOG").unwrap_or_else(|_| "error".into()))
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true)

@@ -390,6 +390,9 @@ impl Connection {
                 input = Vec::new();
             }
             tokio::select! {
+                // Data that arrived counts before the deadline: a busy server never closes a client
+                // whose first request is waiting to be read.
+                biased;
                 ready = self.stream.readable() => {
                     ready?;
                     if !self.read(&mut input)? {

@@ -71,42 +71,56 @@ where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
 {
-        let deadline = Instant::now() + timeout;
-        let mut delay = Duration::from_millis(50);
-        let mut foreign = 0;
-        loop {
-            let last = match timeout_at(deadline, handshake()).await {
-                Ok(Ok(client)) => return Ok(client),
-                Ok(Err(err @ StoreError::WrongToken { .. })) => return Err(err),
-                Ok(Err(err)) => {
-                    match foreign_answer(&err) {
-                        Some(answer) if foreign + 1 >= FOREIGN_ATTEMPTS => {
-                            return Err(StoreError::NotAStore { addr, answer })
-                        }
-                        Some(_) => foreign += 1,
-                        None => foreign = 0,
+    let deadline = Instant::now() + timeout;
+    let mut delay = Duration::from_millis(50);
+    let mut foreign = 0;
+    loop {
+        let last = match timeout_at(deadline, handshake()).await {
+            Ok(Ok(client)) => return Ok(client),
+            Ok(Err(err @ StoreError::WrongToken { .. })) => return Err(err),
+            Ok(Err(err)) => {
+                match foreign_answer(&err) {
+                    Some(answer) if foreign + 1 >= FOREIGN_ATTEMPTS => {
+                        return Err(StoreError::NotAStore { addr, answer })
                     }
-                    err.to_string()
+                    Some(_) => foreign += 1,
+                    None => foreign = 0,
                 }
-                Err(_) => "handshake timed out".to_owned(),
-            };
-            let delay_now = jittered(delay);
-            if Instant::now() + delay_now >= deadline {
-                return Err(StoreError::Connect {
-                    addr,
-                    timeout,
-                    last,
-                });
+                err.to_string()
             }
-            sleep(delay_now).await;
-            delay = (delay * 3 / 2).min(Duration::from_secs(2));
+            Err(_) => "handshake timed out".to_owned(),
+        };
+        let delay_now = jittered(delay);
+        if Instant::now() + delay_now >= deadline {
+            return Err(StoreError::Connect {
+                addr,
+                timeout,
+                last,
+            });
         }
+        sleep(delay_now).await;
+        delay = (delay * 3 / 2).min(Duration::from_secs(2));
+    }
 }
 
-/// A TCP connection to `addr` with Nagle off.
+/// How long one TCP connect may go unanswered before it is given up and made afresh. A SYN the store's
+/// kernel dropped (its accept queue full while thousands of agents connect at once) is sent again only
+/// after 1, 3, 7, 15... s, so an unbounded attempt could sit out most of the deadline; a new attempt after
+/// the jittered back-off gets in as soon as the queue has room. An answered connect takes one round trip;
+/// this leaves room for the kernel's own first retransmission (after 1 s) within each attempt.
+pub(in crate::store::tcp) const CONNECT_ATTEMPT: Duration = Duration::from_secs(2);
+
+/// A TCP connection to `addr` with Nagle off, or an error once [`CONNECT_ATTEMPT`] passed unanswered.
 pub(in crate::store::tcp) async fn open(addr: SocketAddr) -> Result<TcpStream, StoreError> {
     let io = |source| StoreError::Io { addr, op: "connect", source };
-    let stream = TcpStream::connect(addr).await.map_err(io)?;
+    let unanswered = || {
+        let why = format!("no answer within {CONNECT_ATTEMPT:?} (the store's accept queue may be full)");
+        io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
+    };
+    let stream = tokio::time::timeout(CONNECT_ATTEMPT, TcpStream::connect(addr))
+        .await
+        .map_err(|_| unanswered())?
+        .map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     Ok(stream)
 }

@@ -243,3 +243,47 @@ async fn a_store_not_up_yet_is_waited_for() {
     let err = Client::connect(addr, Duration::from_millis(300)).await.expect_err("nothing there");
     assert!(matches!(err, StoreError::Connect { .. }), "{err}");
 }
+
+/// A loopback listener that never accepts, with room for one queued connection (backlog 0), and that
+/// connection made: the kernel drops every further SYN, as a store's in a burst beyond its accept queue.
+async fn full_listener() -> (std::net::TcpListener, SocketAddr, tokio::net::TcpStream) {
+    let socket = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).expect("socket");
+    socket.bind(&SocketAddr::from((Ipv4Addr::LOCALHOST, 0)).into()).expect("bind");
+    socket.listen(0).expect("listen");
+    let listener: std::net::TcpListener = socket.into();
+    let addr = listener.local_addr().expect("addr");
+    let queued = tokio::net::TcpStream::connect(addr).await.expect("the one queued connection");
+    (listener, addr, queued)
+}
+
+// Paused time: the attempt bound passes at once, while the kernel (real time) would send the dropped SYN
+// again only after a second; so only a bounded attempt followed by a fresh one gets in.
+#[tokio::test(start_paused = true)]
+async fn a_connect_whose_syn_is_dropped_is_made_again_once_the_queue_has_room() {
+    let (listener, addr, _queued) = full_listener().await;
+    let connecting = tokio::spawn(connect::retry(addr, Duration::from_secs(600), move || connect::open(addr)));
+    // Past the first attempt's bound (its SYN dropped), then the listener starts accepting.
+    tokio::time::sleep(connect::CONNECT_ATTEMPT * 2).await;
+    assert!(!connecting.is_finished(), "got in while the accept queue was full");
+    let listener = TcpListener::from_std({
+        listener.set_nonblocking(true).expect("nonblocking");
+        listener
+    })
+    .expect("listener");
+    let accepting = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((stream, _)) = listener.accept().await {
+            held.push(stream);
+        }
+    });
+    connecting.await.expect("joined").expect("got in once the queue had room");
+    accepting.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_connect_is_given_up_after_its_bound() {
+    let (_listener, addr, _queued) = full_listener().await;
+    let err = connect::open(addr).await.expect_err("the SYN was dropped");
+    let line = err.to_string();
+    assert!(line.contains(&addr.to_string()) && line.contains("no answer within 2s"), "{line}");
+}
