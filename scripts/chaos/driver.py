@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checks import check_all, summary  # noqa: E402
 from cluster import Cluster, now, wait_until  # noqa: E402
-from faults import KINDS, Faults  # noqa: E402
+from faults import EXTRA_KINDS, KINDS, Faults  # noqa: E402
 
 NODES = ["n0", "n1", "n2", "n3"]
 
@@ -37,8 +37,8 @@ def parse_args(argv):
                    help="seconds between one event's recovery and the next event")
     p.add_argument("--recover-timeout", type=float, default=180.0, help="deadline for the job to re-form")
     p.add_argument("--settle", type=float, default=3.0, help="seconds of quiet event logs that count as settled")
-    p.add_argument("--only", action="append", choices=KINDS, metavar="KIND",
-                   help=f"draw events of this kind only (repeatable; one of {', '.join(KINDS)})")
+    p.add_argument("--only", action="append", choices=KINDS + EXTRA_KINDS, metavar="KIND",
+                   help=f"draw events of this kind only (repeatable; one of {', '.join(KINDS + EXTRA_KINDS)})")
     a = p.parse_args(argv)
     if a.seed < 0 or a.events < 1 or a.interval[0] < 0 or a.interval[1] < a.interval[0]:
         p.error("--seed must be >= 0, --events >= 1, --interval MIN <= MAX")
