@@ -4,16 +4,19 @@
 # below and past the liveness deadline, injects fake XID 79 / 13, fills the rendezvous port with idle
 # connections and restarts the store; then checks the job finished, its checkpoint loads, nothing is left,
 # every restart had a cause and the budget held. Usage: scripts/chaos.sh --seed S --events N [--work-dir D]
+# [--only KIND]... (draw only these kinds of event, e.g. --only xid79)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-usage="usage: scripts/chaos.sh --seed S --events N [--work-dir DIR]"
+usage="usage: scripts/chaos.sh --seed S --events N [--work-dir DIR] [--only KIND]..."
 seed="" events="" extra=()
 while [ $# -gt 0 ]; do
     case "$1" in
         --seed) [ $# -ge 2 ] || { echo "--seed needs a value; $usage" >&2; exit 2; }; seed="$2"; shift 2 ;;
         --events) [ $# -ge 2 ] || { echo "--events needs a value; $usage" >&2; exit 2; }; events="$2"; shift 2 ;;
         --work-dir) [ $# -ge 2 ] || { echo "--work-dir needs a value; $usage" >&2; exit 2; }; extra+=(--work-dir "$2"); shift 2 ;;
+        # The driver checks KIND against its list of events.
+        --only) [ $# -ge 2 ] || { echo "--only needs a value; $usage" >&2; exit 2; }; extra+=(--only "$2"); shift 2 ;;
         *) echo "unknown argument '$1'; $usage" >&2; exit 2 ;;
     esac
 done

@@ -70,7 +70,7 @@ def check_all(cluster, events, a):
     over = {ag.name: n for ag in cluster.history if (n := len(restarts(ag))) > a.max_restarts}
     results.append((f"restart budget honoured (<= {a.max_restarts} per agent)", not over, over or "ok"))
     missing = [f"#{ev['i']} {ev['kind']} {ev['node']}" for ev in events
-               if ev["kind"] in ("kill_worker", "xid13") and ev["node"] not in {n.split(".")[0] for n in ev["restarts"]}]
+               if ev["kind"] in ("kill_worker", "xid13", "store_mid_reform") and ev["node"] not in {n.split(".")[0] for n in ev["restarts"]}]
     results.append(("each worker kill / XID 13 spent a restart on its node", not missing, missing or "ok"))
     return results, codes
 

@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from checks import check_all, summary  # noqa: E402
 from cluster import Cluster, now, wait_until  # noqa: E402
-from faults import KINDS, Faults  # noqa: E402
+from faults import EXTRA_KINDS, KINDS, Faults  # noqa: E402
 
 NODES = ["n0", "n1", "n2", "n3"]
 
@@ -37,6 +37,8 @@ def parse_args(argv):
                    help="seconds between one event's recovery and the next event")
     p.add_argument("--recover-timeout", type=float, default=180.0, help="deadline for the job to re-form")
     p.add_argument("--settle", type=float, default=3.0, help="seconds of quiet event logs that count as settled")
+    p.add_argument("--only", action="append", choices=KINDS + EXTRA_KINDS, metavar="KIND",
+                   help=f"draw events of this kind only (repeatable; one of {', '.join(KINDS + EXTRA_KINDS)})")
     a = p.parse_args(argv)
     if a.seed < 0 or a.events < 1 or a.interval[0] < 0 or a.interval[1] < a.interval[0]:
         p.error("--seed must be >= 0, --events >= 1, --interval MIN <= MAX")
@@ -73,8 +75,8 @@ class Run:
         return t
 
     def start(self):
-        self.log("run", f"dir {self.dir}; seed {self.a.seed}; {self.a.events} events; "
-                        f"max_restarts {self.a.max_restarts}")
+        self.log("run", f"dir {self.dir}; seed {self.a.seed}; {self.a.events} events"
+                        f"{' of ' + ', '.join(self.a.only) if self.a.only else ''}; max_restarts {self.a.max_restarts}")
         self.cluster.store.start()
         for node in NODES:
             self.cluster.start_agent(node)
@@ -82,7 +84,7 @@ class Run:
         self.log("run", "all four nodes running")
 
     def one_event(self, i):
-        kind = self.rng.choice(KINDS)
+        kind = self.rng.choice(self.a.only or KINDS)
         t0 = now()
         fill_before = bool(self.faults.idle)
         node, detail, changed = self.faults.inject(kind)

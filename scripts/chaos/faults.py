@@ -9,6 +9,8 @@ import time
 from cluster import wait_until
 
 KINDS = ["kill_worker", "kill_agent", "stop_short", "stop_long", "xid79", "xid13", "fill_port", "restart_store"]
+# Drawn only when named with --only (the default schedule of each seed stays as it was).
+EXTRA_KINDS = ["store_mid_reform"]
 FILL_CONNECTIONS = (200, 400)
 
 
@@ -100,6 +102,22 @@ class Faults:
         for s in self.idle:
             s.close()
         self.idle = []
+
+    def store_mid_reform(self):
+        """A worker dies and, while the group stops and re-forms (agents opening the next round, joining it,
+        waiting for group rank 0), the store restarts under them: they re-form in the new store."""
+        node = self._node()
+        pid = self.rng.choice(sorted(self.c.agents[node].workers()))
+        os.kill(pid, signal.SIGKILL)
+        reforming = ("stopping", "restarting", "rendezvous")
+        if not wait_until(10, lambda: any(p in reforming for p, _ in self.c.state().values()), poll=0.01):
+            raise RuntimeError(f"no agent began to re-form within 10 s of SIGKILL of worker {pid} on {node}")
+        # SIGKILL (a crash): a SIGTERMed store would take a moment to exit and miss the re-formation.
+        self.c.store.proc.kill()
+        self.c.store.proc.wait()
+        time.sleep(self.rng.uniform(0, 1.5))
+        self.c.store.start()
+        return node, f"SIGKILL worker pid {pid}; the store restarted while the group re-formed", True
 
     def restart_store(self):
         self.c.store.stop()

@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::wire::{Record, RoundInfo, Seal};
+use super::retry::Retry;
 use super::{NodeInfo, RdzvError, Rendezvous, Settings};
 use crate::store::Store;
 
@@ -64,31 +65,77 @@ enum Joined {
 }
 
 impl<S: Store> Rendezvous<S> {
-    /// Joins the next round and returns once it is sealed with this node in it.
+    /// Joins the next round and returns once it is sealed with this node in it. A store that restarted or
+    /// was unreachable meanwhile makes it join again (in the new store, or with the slot it had taken in
+    /// the same one), within `join_timeout` of the first error.
     pub async fn next_round(&mut self) -> Result<RoundInfo, RdzvError> {
         let start = Instant::now();
         let deadline = start + self.settings.join_timeout;
         self.current = None;
+        let mut retry = Retry::new("joining", self.settings.join_timeout);
+        let mut taken = None;
+        let mut reconnected = false;
         loop {
-            if self.closed().await? {
-                return Err(RdzvError::Closed(self.settings.run_id.clone()));
-            }
-            let (raw, round, expected) = self.read_round().await?;
-            let slot = self.take_slot(round).await?;
-            match self.await_seal(round, slot, expected, deadline).await? {
-                Joined::Member(info) => {
-                    let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
-                    self.prev_rank = Some(info.group_rank);
-                    self.round_raw = raw;
-                    self.current = Some(info.clone());
-                    self.watch_round(&info).await?;
-                    tracing::debug!(round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
+            match self.join_once(deadline, &mut taken, reconnected).await {
+                Ok(Some(info)) => {
+                    tracing::debug!(round = info.round, ms = start.elapsed().as_millis() as u64, "rendezvous sealed");
                     return Ok(info);
                 }
-                Joined::Spare => self.wait_as_spare(round).await?,
-                Joined::Moved => {}
+                Ok(None) => {
+                    retry.reset();
+                    reconnected = false;
+                }
+                Err(e) => {
+                    retry.after(e).await?;
+                    reconnected = true;
+                }
             }
         }
+    }
+
+    /// One try at joining: Some(round) once sealed with this node in it; None when the round moved on or a
+    /// spare's wait ended (join the next one). `taken`: the slot this node holds, kept across tries.
+    /// `reconnected`: the last try failed on the connection, so the store may be a restarted one that lost
+    /// the launch fingerprint.
+    async fn join_once(&mut self, deadline: Instant, taken: &mut Option<(u64, i64)>, reconnected: bool) -> Result<Option<RoundInfo>, RdzvError> {
+        if reconnected {
+            self.publish_fingerprint().await?;
+        }
+        if self.closed().await? {
+            return Err(RdzvError::Closed(self.settings.run_id.clone()));
+        }
+        let (raw, round, expected) = self.read_round().await?;
+        let slot = match *taken {
+            Some((r, slot)) if r == round && self.holds_slot(round, slot).await? => slot,
+            _ => self.take_slot(round).await?,
+        };
+        *taken = Some((round, slot));
+        match self.await_seal(round, slot, expected, deadline).await? {
+            Joined::Member(info) => {
+                let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                self.watch_round(&info).await?;
+                self.prev_rank = Some(info.group_rank);
+                self.round_raw = raw;
+                self.current = Some(info.clone());
+                Ok(Some(info))
+            }
+            Joined::Spare => {
+                *taken = None;
+                self.wait_as_spare(round).await?;
+                Ok(None)
+            }
+            Joined::Moved => {
+                *taken = None;
+                Ok(None)
+            }
+        }
+    }
+
+    /// Whether this node's record is still in `slot` of `round` (the connection failed, the store did not
+    /// restart): then the node keeps its slot rather than joining twice.
+    async fn holds_slot(&self, round: u64, slot: i64) -> Result<bool, RdzvError> {
+        let Some(bytes) = self.store.get(&self.key(&format!("r/{round}/m/{slot}"))).await? else { return Ok(false) };
+        Ok(serde_json::from_slice::<Record>(&bytes).is_ok_and(|r| r.node.id == self.me.id))
     }
 
     /// Takes a slot in `round` and writes this node's record there.
@@ -237,12 +284,27 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// Opens the round after the current one, expecting the members still alive plus the waiting joiners;
-    /// idempotent across members (compare-and-set on the round counter).
+    /// idempotent across members (compare-and-set on the round counter), so it is tried again while the
+    /// store does not answer (within `join_timeout`).
     pub async fn open_next_round(&self) -> Result<(), RdzvError> {
+        let mut retry = Retry::new("opening the next round", self.settings.join_timeout);
+        loop {
+            match self.try_open_next_round().await {
+                Err(e) => retry.after(e).await?,
+                done => return done,
+            }
+        }
+    }
+
+    async fn try_open_next_round(&self) -> Result<(), RdzvError> {
         let Some(current) = &self.current else { return Ok(()) };
+        let Some(seal) = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await? else {
+            // A restarted store lost the round: there is nothing to open, the join finds what the store has.
+            tracing::info!("the rendezvous store no longer has round {} (restarted?); joining afresh", current.round);
+            return Ok(());
+        };
         let alive = self.alive_nodes().await?;
         let waiting = self.store.list(&self.key("waiting/")).await?.len();
-        let seal = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await?.unwrap_or_default();
         let members = Seal::decode(&seal)?.members.iter().filter(|m| alive.contains(&m.id)).count();
         let expected = (members + waiting).min(self.settings.max_nodes as usize);
         let to = format!("{}/{expected}", current.round + 1);
@@ -253,5 +315,4 @@ impl<S: Store> Rendezvous<S> {
         }
         Ok(())
     }
-
 }

@@ -7,11 +7,9 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::wire::{Fingerprint, RoundInfo, Seal};
+use super::retry::{is_connection_error, Retry};
 use super::{Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, WatchEventKind, WatchTarget};
-
-/// How often a lost rendezvous store is asked again whether it is back.
-const STORE_RETRY: Duration = Duration::from_millis(250);
 
 impl<S: Store> Rendezvous<S> {
     /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
@@ -47,7 +45,7 @@ impl<S: Store> Rendezvous<S> {
 
     /// Publishes this launch's fingerprint, or checks it against the job's (a store restarted under a
     /// running job gets it again from whoever re-forms first).
-    async fn publish_fingerprint(&self) -> Result<(), RdzvError> {
+    pub(super) async fn publish_fingerprint(&self) -> Result<(), RdzvError> {
         let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
         let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
         if current != mine {
@@ -101,8 +99,9 @@ impl<S: Store> Rendezvous<S> {
 
     /// Waits for the next event that ends the running round. Joiners are batched for one last-call window,
     /// so a trickle of them costs one re-formation, unless they fill the group to MAX: then there is nothing
-    /// to wait for. Cancel-safe: events stay queued in the channel, and the batch deadline and heartbeat
-    /// checks are kept across calls.
+    /// to wait for. A store that stops answering (its connection failed, or a request in flight did) is
+    /// waited for as [`Self::after_store_lost`] says. Cancel-safe: events stay queued in the channel, and
+    /// the batch deadline and heartbeat checks are kept across calls.
     pub async fn next_event(&mut self) -> Result<RdzvEvent, RdzvError> {
         if let Some(event) = self.pending.take() {
             return Ok(event);
@@ -110,76 +109,78 @@ impl<S: Store> Rendezvous<S> {
         let Some(current) = self.current.clone() else {
             return Err(RdzvError::State("no round is running".into()));
         };
-        let members: HashSet<&str> = current.neighbours.iter().map(|m| m.id.as_str()).collect();
         loop {
-            let Some(events) = self.events.as_mut() else { return Err(RdzvError::StoreLost) };
-            let check_at = *self.next_check.get_or_insert_with(Instant::now);
-            let batch = async {
-                match self.batch_until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
+            let found = match self.poll_event(&current).await {
+                Err(e) if is_connection_error(&e) => {
+                    tracing::debug!("the rendezvous store failed a request while watching the round: {e}");
+                    self.after_store_lost(&current).await
                 }
+                found => found,
             };
-            let event = tokio::select! {
-                e = events.recv() => e,
-                () = batch => {
-                    self.batch_until = None;
-                    return Ok(RdzvEvent::JoinersWaiting);
-                }
-                () = tokio::time::sleep_until(check_at) => {
-                    self.next_check = Some(Instant::now() + self.settings.keep_alive_interval);
-                    if let Some(id) = self.evict_stale_neighbour().await? {
-                        return Ok(RdzvEvent::PeerLost(id));
-                    }
-                    continue;
-                }
-            };
-            let Some(event) = event else {
-                match self.after_store_lost(&current).await? {
-                    Some(event) => return Ok(event),
-                    None => continue,
-                }
-            };
-            let Some(rest) = event.key.strip_prefix(self.prefix.as_str()) else { continue };
-            match (event.kind, rest.split_once('/')) {
-                (WatchEventKind::Deleted, Some(("alive", node))) if members.contains(node) && node != self.me.id => {
-                    return Ok(RdzvEvent::PeerLost(node.to_string()));
-                }
-                (WatchEventKind::Written, Some(("waiting", _))) => {
-                    self.joiner_arrived(&current).await?;
-                    if let Some(event) = self.pending.take() {
-                        return Ok(event);
-                    }
-                }
-                (WatchEventKind::Written, None) if rest == "round" => {
-                    let (_, round, _) = self.read_round().await?;
-                    if round > current.round {
-                        return Ok(RdzvEvent::RoundChanged);
-                    }
-                }
-                (WatchEventKind::Written, None) if rest == "closed" => return Ok(RdzvEvent::Closed),
-                _ => {}
+            if let Some(event) = found? {
+                return Ok(event);
             }
         }
     }
 
-    /// The watch ended with its connection: the store went away. Waits (within `join_timeout`) until it
-    /// answers again. A store keeps its keys in memory only, so one that was restarted has lost this round:
-    /// the group re-forms in it (`RoundChanged`, no restart spent) instead of failing a running job. One that
-    /// kept them (a dropped connection) is watched again; what changed meanwhile comes as the pending event.
-    async fn after_store_lost(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
-        let deadline = Instant::now() + self.settings.join_timeout;
-        let seal_key = self.key(&format!("r/{}/sealed", current.round));
-        let seal = loop {
-            match self.store.get(&seal_key).await {
-                Ok(seal) => break seal,
-                Err(e) if Instant::now() < deadline => {
-                    tracing::warn!("the rendezvous store does not answer ({e}); retrying until join_timeout");
-                    tokio::time::sleep(STORE_RETRY).await;
-                }
-                Err(_) => return Err(RdzvError::StoreLost),
+    /// One wake-up of `next_event`: the event it found, if any.
+    async fn poll_event(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
+        let Some(events) = self.events.as_mut() else { return Err(RdzvError::StoreLost) };
+        let check_at = *self.next_check.get_or_insert_with(Instant::now);
+        let batch = async {
+            match self.batch_until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
             }
         };
+        let event = tokio::select! {
+            e = events.recv() => e,
+            () = batch => {
+                self.batch_until = None;
+                return Ok(Some(RdzvEvent::JoinersWaiting));
+            }
+            () = tokio::time::sleep_until(check_at) => {
+                self.next_check = Some(Instant::now() + self.settings.keep_alive_interval);
+                return Ok(self.evict_stale_neighbour().await?.map(RdzvEvent::PeerLost));
+            }
+        };
+        let Some(event) = event else { return self.after_store_lost(current).await };
+        let Some(rest) = event.key.strip_prefix(self.prefix.as_str()) else { return Ok(None) };
+        let member = |node: &str| current.neighbours.iter().any(|m| m.id == node);
+        match (event.kind, rest.split_once('/')) {
+            (WatchEventKind::Deleted, Some(("alive", node))) if member(node) && node != self.me.id => {
+                Ok(Some(RdzvEvent::PeerLost(node.to_string())))
+            }
+            (WatchEventKind::Written, Some(("waiting", _))) => {
+                self.joiner_arrived(current).await?;
+                Ok(self.pending.take())
+            }
+            (WatchEventKind::Written, None) if rest == "round" => {
+                let (_, round, _) = self.read_round().await?;
+                Ok((round > current.round).then_some(RdzvEvent::RoundChanged))
+            }
+            (WatchEventKind::Written, None) if rest == "closed" => Ok(Some(RdzvEvent::Closed)),
+            _ => Ok(None),
+        }
+    }
+
+    /// The watch ended with its connection, or a request failed on it: the store went away. Asks again
+    /// (with back-off, within `join_timeout`) until it answers. A store keeps its keys in memory only, so one
+    /// that was restarted has lost this round: the group re-forms in it (`RoundChanged`, no restart spent)
+    /// instead of failing a running job. One that kept them (a dropped connection) is watched again; what
+    /// changed meanwhile comes as the pending event.
+    async fn after_store_lost(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
+        let mut retry = Retry::new("watching the round", self.settings.join_timeout);
+        loop {
+            match self.watch_again(current).await {
+                Err(e) => retry.after(e).await?,
+                found => return found,
+            }
+        }
+    }
+
+    async fn watch_again(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
+        let seal = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await?;
         // Another member may already be re-forming in a restarted store, in a round of the same number: the
         // seal is this round's only if it lists this node.
         let mine = match seal {
@@ -243,13 +244,24 @@ impl<S: Store> Rendezvous<S> {
     pub async fn wait_published(&mut self, name: &str, timeout: Duration) -> Result<Published, RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        let store = self.store.clone();
+        let (store, join_timeout) = (self.store.clone(), self.settings.join_timeout);
         // One long WAIT on a connection of its own; dropped when the membership changes first.
+        // A failed connection is the watch's to handle (`next_event`): this wait only asks again.
         let published = async {
-            if !store.wait(&key, timeout).await? {
-                return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+            let deadline = Instant::now() + timeout;
+            let mut retry = Retry::new("waiting for group rank 0", join_timeout);
+            loop {
+                let got = async {
+                    if !store.wait(&key, deadline.saturating_duration_since(Instant::now())).await? {
+                        return Err(RdzvError::State(format!("group rank 0 did not publish '{name}' within {timeout:?}")));
+                    }
+                    store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
+                };
+                match got.await {
+                    Err(e) => retry.after(e).await?,
+                    value => return value,
+                }
             }
-            store.get(&key).await?.ok_or_else(|| RdzvError::State(format!("'{name}' vanished")))
         };
         tokio::select! {
             value = published => value.map(Published::Value),

@@ -36,11 +36,15 @@ use crate::store::{Store, StoreError, WatchEvent};
 mod fuzz;
 mod join;
 mod liveness;
+mod retry;
+#[cfg(test)]
+mod restart_tests;
 #[cfg(test)]
 mod tests;
 mod wire;
 
 pub use wire::{Fingerprint, RoundInfo};
+use retry::Retry;
 use wire::parse_round;
 
 /// Every rendezvous key lives under `muster/<run id>/`; the store keeps them for the job's agents.
@@ -212,9 +216,18 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// Publishes a value for the current round (e.g. the workers' MASTER_ADDR:PORT from group rank 0).
+    /// A store that does not answer is asked again until `join_timeout`: should it have restarted, the
+    /// others re-form in it and this node follows when it watches the round.
     pub async fn publish(&self, name: &str, value: &[u8]) -> Result<(), RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
-        Ok(self.store.set(&self.key(&format!("r/{round}/{name}")), value).await?)
+        let key = self.key(&format!("r/{round}/{name}"));
+        let mut retry = Retry::new("publishing", self.settings.join_timeout);
+        loop {
+            match self.store.set(&key, value).await {
+                Err(e) => retry.after(e.into()).await?,
+                Ok(()) => return Ok(()),
+            }
+        }
     }
 
     /// Waits (bounded) until every member of the round has finished, so the node hosting the store outlives

@@ -89,7 +89,7 @@ fn fingerprint_differences_name_what_differs() {
     assert!(d.contains("--nnodes 2:3 (the job uses 2:4)"), "{d}");
 }
 
-mod shared {
+pub(super) mod shared {
     use std::future::Future;
     use std::net::SocketAddr;
     use std::pin::Pin;
@@ -100,7 +100,7 @@ mod shared {
     use crate::store::tcp::{Server, ServerConfig};
 
     /// Connects one more agent to the store under test.
-    trait Backend: Send + Sync + 'static {
+    pub(in crate::rendezvous) trait Backend: Send + Sync + 'static {
         type S: Store;
         fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>>;
     }
@@ -114,7 +114,7 @@ mod shared {
         }
     }
 
-    struct Tcp(Server);
+    pub(in crate::rendezvous) struct Tcp(pub(in crate::rendezvous) Server);
 
     impl Backend for Tcp {
         type S = RemoteStore;
@@ -126,7 +126,7 @@ mod shared {
         }
     }
 
-    fn settings(min: u32, max: u32) -> Settings {
+    pub(in crate::rendezvous) fn settings(min: u32, max: u32) -> Settings {
         Settings {
             run_id: "suite".into(),
             min_nodes: min,
@@ -148,7 +148,7 @@ mod shared {
         Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into(), nnodes }
     }
 
-    async fn agent<B: Backend>(b: &B, id: &str, nproc: u32, s: Settings) -> Rendezvous<B::S> {
+    pub(in crate::rendezvous) async fn agent<B: Backend>(b: &B, id: &str, nproc: u32, s: Settings) -> Rendezvous<B::S> {
         let me = NodeInfo { id: id.into(), addr: "127.0.0.1".into(), nproc };
         let fingerprint = fingerprint("train.py", &s);
         let mut r = Rendezvous::new(b.connect().await, s, me, fingerprint);
@@ -157,7 +157,7 @@ mod shared {
     }
 
     /// Every agent joins concurrently; returns them with their rounds.
-    async fn join_all<S: Store>(agents: Vec<Rendezvous<S>>) -> Vec<(Rendezvous<S>, RoundInfo)> {
+    pub(in crate::rendezvous) async fn join_all<S: Store>(agents: Vec<Rendezvous<S>>) -> Vec<(Rendezvous<S>, RoundInfo)> {
         let tasks: Vec<_> = agents
             .into_iter()
             .map(|mut a| {
@@ -406,38 +406,12 @@ mod shared {
         assert!(matches!(late.next_round().await, Err(RdzvError::Closed(_))));
     }
 
-    async fn tcp() -> Tcp {
+    pub(in crate::rendezvous) async fn tcp() -> Tcp {
         Tcp(Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind"))
     }
 
     fn memory() -> Memory {
         Memory(MemoryStore::new())
-    }
-
-    /// The store restarted under a running group (stopped, then bound again on its port with no keys):
-    /// every member re-forms in the new store instead of failing with the store lost.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_restarted_store_makes_the_group_reform_in_it() {
-        let b = tcp().await;
-        let addr = b.0.local_addr();
-        let agents = vec![agent(&b, "a", 1, settings(2, 2)).await, agent(&b, "b", 1, settings(2, 2)).await];
-        let joined = join_all(agents).await;
-        b.0.shutdown().await;
-        let _again = Server::bind(addr, ServerConfig::default()).await.expect("bind the same port again");
-        let tasks: Vec<_> = joined
-            .into_iter()
-            .map(|(mut a, _)| {
-                tokio::spawn(async move {
-                    let event = tokio::time::timeout(Duration::from_secs(10), a.next_event()).await;
-                    assert_eq!(event.expect("seen in time").expect("no error"), RdzvEvent::RoundChanged);
-                    a.next_round().await.expect("re-formed in the new store")
-                })
-            })
-            .collect();
-        for t in tasks {
-            let info = tokio::time::timeout(Duration::from_secs(30), t).await.expect("in time").expect("task");
-            assert_eq!(info.group_world_size, 2);
-        }
     }
 
     macro_rules! suite {

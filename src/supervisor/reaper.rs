@@ -20,11 +20,12 @@ use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use nix::sys::signal::{kill, Signal};
-use nix::sys::wait::{waitpid, WaitPidFlag};
+use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
 use super::cgroup::{self, JobCgroup, Unavailable};
@@ -159,6 +160,7 @@ fn on_child_event(guard: &OrphanGuard) {
             }
         }
     }
+    guard.check_alive();
     if guard.cgroup.is_err() {
         guard.track(&tree, &own);
     }
@@ -204,6 +206,8 @@ pub struct OrphanGuard {
     sessions: Mutex<HashSet<i32>>,
     /// Without a cgroup: the processes outside those sessions the guard was told about, with start times.
     told: Mutex<HashMap<i32, u64>>,
+    /// The guard process died (said once; nothing more is sent to it).
+    gone: AtomicBool,
 }
 
 impl OrphanGuard {
@@ -235,6 +239,7 @@ impl OrphanGuard {
                     cgroup,
                     sessions: Mutex::new(HashSet::new()),
                     told: Mutex::new(HashMap::new()),
+                    gone: AtomicBool::new(false),
                 })
             }
         }
@@ -243,13 +248,42 @@ impl OrphanGuard {
     /// A guard that kills nothing, with no cgroup, for unit tests of the code that reports to it.
     #[cfg(test)]
     pub(crate) fn inert() -> OrphanGuard {
+        Self::inert_with_pid(0)
+    }
+
+    /// An inert guard whose process is `pid` (a child of the test), to see its death noticed.
+    #[cfg(test)]
+    fn inert_with_pid(pid: i32) -> OrphanGuard {
         let null = std::fs::OpenOptions::new().write(true).open("/dev/null").expect("/dev/null");
         OrphanGuard {
             pipe: Mutex::new(null),
-            pid: 0,
+            pid,
             cgroup: Err(Unavailable::Off),
             sessions: Mutex::new(HashSet::new()),
             told: Mutex::new(HashMap::new()),
+            gone: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the guard process is known to be gone.
+    pub fn is_gone(&self) -> bool {
+        self.gone.load(Ordering::Relaxed)
+    }
+
+    /// Notices the guard process's death (on SIGCHLD: it is the agent's child) and says once what that
+    /// leaves uncovered. The job goes on: the guard matters only should the agent itself be killed, and
+    /// then the workers' parent-death signal still ends them; only what they started in sessions of its own
+    /// may be left (in the job cgroup, where there is one). The agent's own end still sweeps everything.
+    /// It is not restarted: a fork from the threaded agent may run only async-signal-safe code.
+    fn check_alive(&self) {
+        if self.pid <= 0 || self.is_gone() {
+            return;
+        }
+        let status = waitpid(Pid::from_raw(self.pid), Some(WaitPidFlag::WNOHANG));
+        let cgroup = self.cgroup.as_ref().ok().map(JobCgroup::dir);
+        if let Some(notice) = guard_death_notice(status, cgroup) {
+            self.gone.store(true, Ordering::Relaxed);
+            tracing::warn!("{notice}");
         }
     }
 
@@ -350,13 +384,37 @@ impl OrphanGuard {
     }
 
     fn send(&self, line: &str) {
+        if self.is_gone() {
+            return;
+        }
         // A line is far below PIPE_BUF, so the write is atomic; the guard reads continuously.
         if let Ok(mut pipe) = self.pipe.lock() {
             if let Err(e) = pipe.write_all(line.as_bytes()) {
-                tracing::warn!("orphan guard is gone ({e}); workers may outlive a crash of this agent");
+                if !self.gone.swap(true, Ordering::Relaxed) {
+                    tracing::warn!("orphan guard is gone ({e}); workers may outlive a crash of this agent");
+                }
             }
         }
     }
+}
+
+/// The one line that says the guard died and what is left uncovered, or None while it runs. `status`: a
+/// non-blocking wait for it (an error: it is no longer this process's child, so gone too).
+fn guard_death_notice(status: nix::Result<WaitStatus>, cgroup: Option<&std::path::Path>) -> Option<String> {
+    let how = match status {
+        Ok(WaitStatus::Exited(_, code)) => format!("exited with status {code}"),
+        Ok(WaitStatus::Signaled(_, sig, _)) => format!("was killed by {}", sig.as_str()),
+        Ok(_) => return None,
+        Err(e) => format!("cannot be waited for ({e})"),
+    };
+    let left = match cgroup {
+        Some(dir) => format!("in the job cgroup {} until it is killed", dir.display()),
+        None => "running".to_string(),
+    };
+    Some(format!(
+        "the orphan guard process {how}; the job goes on. Should this agent be killed, its workers still end \
+         (parent-death signal), but processes they started in sessions of their own are left {left}"
+    ))
 }
 
 /// The guard process: track sessions and processes until the agent's end of the pipe closes, then kill the
@@ -413,7 +471,48 @@ fn guard_main(read: OwnedFd, cgroup: Option<PathBuf>) -> ! {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_stat, ProcStat, Tree};
+    use nix::errno::Errno;
+    use nix::sys::signal::Signal;
+    use nix::sys::wait::WaitStatus;
+    use nix::unistd::Pid;
+
+    use super::{guard_death_notice, parse_stat, OrphanGuard, ProcStat, Tree};
+
+    #[test]
+    fn the_guard_s_death_is_told_with_what_still_covers_the_job() {
+        let pid = Pid::from_raw(7);
+        let cg = Some(std::path::Path::new("/cg/j"));
+        let table = [
+            (Ok(WaitStatus::StillAlive), cg, None),
+            (Ok(WaitStatus::Stopped(pid, Signal::SIGSTOP)), cg, None),
+            (Ok(WaitStatus::Signaled(pid, Signal::SIGKILL, false)), cg, Some(("was killed by SIGKILL", "job cgroup /cg/j"))),
+            (Ok(WaitStatus::Exited(pid, 3)), None, Some(("exited with status 3", "are left running"))),
+            (Err(Errno::ECHILD), None, Some(("cannot be waited for", "are left running"))),
+        ];
+        for (status, cgroup, expected) in table {
+            let notice = guard_death_notice(status, cgroup);
+            match (&notice, expected) {
+                (None, None) => {}
+                (Some(n), Some((how, left))) => assert!(n.contains(how) && n.contains(left) && n.contains("goes on"), "{n}"),
+                _ => panic!("{status:?}: {notice:?}"),
+            }
+        }
+    }
+
+    #[test]
+    // The guard's own non-blocking wait reaps the child: that is what is tested.
+    #[allow(clippy::zombie_processes)]
+    fn a_dead_guard_process_is_noticed_once() {
+        let child = std::process::Command::new("sh").args(["-c", "exit 3"]).spawn().expect("sh");
+        let guard = OrphanGuard::inert_with_pid(child.id() as i32);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !guard.is_gone() && std::time::Instant::now() < deadline {
+            guard.check_alive();
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert!(guard.is_gone(), "the exit of the guard process was noticed");
+        guard.watch(5); // sends nothing more, and says nothing more
+    }
 
     #[test]
     fn descendants_through_adoption_and_new_sessions() {

@@ -1,0 +1,129 @@
+//! A TCP rendezvous store restarted (shut down, then bound again on its port with no keys) under agents
+//! that are running, joining or re-forming: they carry on in the new store; only a store gone for longer
+//! than `join_timeout` ends them, with `StoreLost`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::tests::shared::{agent, join_all, settings, tcp, Backend};
+use super::*;
+use crate::store::remote::RemoteStore;
+use crate::store::tcp::{Server, ServerConfig};
+
+/// Agents whose requests and reconnects give up after half a second, so a store down longer than that
+/// fails their requests (`Connect`, `Closed`) rather than being waited out inside the store client.
+struct Impatient(SocketAddr);
+
+impl Backend for Impatient {
+    type S = RemoteStore;
+    fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
+        let t = Duration::from_millis(500);
+        Box::pin(async move { RemoteStore::connect(self.0, b"", t, t).await.expect("connect") })
+    }
+}
+
+/// Down long enough for the agents' in-flight requests and reconnects to fail, then up again, empty.
+async fn restart(server: Server) -> Server {
+    let addr = server.local_addr();
+    server.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    Server::bind(addr, ServerConfig::default()).await.expect("bind the same port again")
+}
+
+fn within<T>(secs: u64, f: impl Future<Output = T>) -> impl Future<Output = Result<T, tokio::time::error::Elapsed>> {
+    tokio::time::timeout(Duration::from_secs(secs), f)
+}
+
+/// The store restarted under a running group: every member re-forms in the new store instead of failing
+/// with the store lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_store_makes_the_group_reform_in_it() {
+    let b = tcp().await;
+    let addr = b.0.local_addr();
+    let agents = vec![agent(&b, "a", 1, settings(2, 2)).await, agent(&b, "b", 1, settings(2, 2)).await];
+    let joined = join_all(agents).await;
+    b.0.shutdown().await;
+    let _again = Server::bind(addr, ServerConfig::default()).await.expect("bind the same port again");
+    let tasks: Vec<_> = joined
+        .into_iter()
+        .map(|(mut a, _)| {
+            tokio::spawn(async move {
+                let event = within(10, a.next_event()).await;
+                assert_eq!(event.expect("seen in time").expect("no error"), RdzvEvent::RoundChanged);
+                a.next_round().await.expect("re-formed in the new store")
+            })
+        })
+        .collect();
+    for t in tasks {
+        let info = within(30, t).await.expect("in time").expect("task");
+        assert_eq!(info.group_world_size, 2);
+    }
+}
+
+/// A node waiting for the others when the store restarts (its wait for the seal in flight) joins the new
+/// store's round, which the next node then completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_restarted_mid_join_is_joined_again() {
+    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind");
+    let b = Impatient(server.local_addr());
+    let mut first = agent(&b, "a", 1, settings(2, 2)).await;
+    let probe = b.connect().await;
+    let joining = tokio::spawn(async move { first.next_round().await });
+    assert!(probe.wait("muster/suite/r/0/m/1", Duration::from_secs(10)).await.expect("probe"), "a joined");
+    let _server = restart(server).await;
+    assert!(!joining.is_finished(), "the join gave up while the store was down: {:?}", joining.await);
+    let mut second = agent(&b, "b", 1, settings(2, 2)).await;
+    let (a, b) = tokio::join!(within(30, joining), within(30, second.next_round()));
+    let a = a.expect("a in time").expect("task").expect("a joined the new store");
+    let b = b.expect("b in time").expect("b joined");
+    assert_eq!((a.group_world_size, b.group_world_size), (2, 2));
+}
+
+/// Both nodes re-forming (opening the next round, then joining it) while the store restarts: they form
+/// the next group in the new store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_restarted_mid_reform_is_reformed_in() {
+    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind");
+    let b = Impatient(server.local_addr());
+    let agents = vec![agent(&b, "a", 1, settings(2, 2)).await, agent(&b, "b", 1, settings(2, 2)).await];
+    let joined = join_all(agents).await;
+    let (go, _) = tokio::sync::broadcast::channel::<()>(1);
+    let tasks: Vec<_> = joined
+        .into_iter()
+        .map(|(mut a, _)| {
+            let mut down = go.subscribe();
+            tokio::spawn(async move {
+                down.recv().await.expect("the store went down");
+                a.open_next_round().await?;
+                a.next_round().await
+            })
+        })
+        .collect();
+    let addr = server.local_addr();
+    server.shutdown().await;
+    go.send(()).expect("two re-forming nodes");
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(tasks.iter().all(|t| !t.is_finished()), "a re-form gave up while the store was down");
+    let _again = Server::bind(addr, ServerConfig::default()).await.expect("bind the same port again");
+    for t in tasks {
+        let info = within(30, t).await.expect("in time").expect("task").expect("re-formed in the new store");
+        assert_eq!(info.group_world_size, 2);
+    }
+}
+
+/// A store gone for longer than `join_timeout` ends a re-forming node with the store lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_gone_past_join_timeout_is_lost() {
+    let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind");
+    let b = Impatient(server.local_addr());
+    let mut s = settings(1, 1);
+    s.join_timeout = Duration::from_secs(2);
+    let mut a = agent(&b, "a", 1, s).await;
+    a.next_round().await.expect("joined alone");
+    server.shutdown().await;
+    let err = within(30, a.open_next_round()).await.expect("gave up in time").expect_err("the store is gone");
+    assert!(matches!(err, RdzvError::StoreLost), "{err}");
+    assert!(err.to_string().contains("lost the connection to the rendezvous store"), "{err}");
+}

@@ -1,0 +1,166 @@
+//! A rendezvous store that restarted or was briefly unreachable. The store client reconnects on the next
+//! request, but a request in flight when its connection failed fails; the rendezvous operations (joining,
+//! re-forming, publishing, watching the round) then try again with back-off, logging one line, until
+//! `join_timeout`. Only a store gone for longer than that ends the agent, with [`RdzvError::StoreLost`].
+
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::RdzvError;
+use crate::store::StoreError;
+
+/// The first back-off after a failed attempt; it grows by half each time, up to [`MAX_BACKOFF`].
+const FIRST_BACKOFF: Duration = Duration::from_millis(100);
+const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// Whether `e` is about the connection rather than the request: the store restarted, closed the
+/// connection, did not answer in time, or could not be reached again within the connect timeout. Anything
+/// else (a wrong token, a program that is not a store, garbage, a bad rendezvous state) is final.
+pub(super) fn is_connection_error(e: &RdzvError) -> bool {
+    matches!(
+        e,
+        RdzvError::Store(
+            StoreError::Closed { .. }
+                | StoreError::Io { .. }
+                | StoreError::Timeout { .. }
+                | StoreError::Connect { .. }
+                | StoreError::Broken { .. }
+        )
+    )
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, PartialEq)]
+pub(super) enum Next {
+    /// Try again after this long.
+    Retry(Duration),
+    /// The store has been unreachable since before the deadline: give up with `StoreLost`.
+    Lost,
+    /// Not a connection error: the operation fails with it.
+    Fail,
+}
+
+/// The decision after attempt number `attempt` (0 for the first) failed with `e` at `now`; `jitter` in
+/// [0, 1) spreads the agents' retries (the back-off is scaled by 0.5 + jitter) and no wait passes the
+/// deadline.
+pub(super) fn decide(e: &RdzvError, attempt: u32, jitter: f64, now: Instant, deadline: Instant) -> Next {
+    if !is_connection_error(e) {
+        return Next::Fail;
+    }
+    if now >= deadline {
+        return Next::Lost;
+    }
+    let backoff = FIRST_BACKOFF.mul_f64(1.5f64.powi(attempt.min(16) as i32)).min(MAX_BACKOFF);
+    Next::Retry(backoff.mul_f64(0.5 + jitter.clamp(0.0, 1.0)).min(deadline - now))
+}
+
+/// The retries of one operation: the deadline runs from its first connection error.
+pub(super) struct Retry {
+    what: &'static str,
+    timeout: Duration,
+    deadline: Option<Instant>,
+    attempt: u32,
+}
+
+impl Retry {
+    /// `what` names the operation in the log line; `timeout` is `join_timeout`.
+    pub(super) fn new(what: &'static str, timeout: Duration) -> Retry {
+        Retry { what, timeout, deadline: None, attempt: 0 }
+    }
+
+    /// After a failed attempt: returns (after the back-off) when the operation should be tried again, or
+    /// the error it ends with.
+    pub(super) async fn after(&mut self, e: RdzvError) -> Result<(), RdzvError> {
+        let now = Instant::now();
+        let deadline = *self.deadline.get_or_insert(now + self.timeout);
+        let jitter = (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0;
+        match decide(&e, self.attempt, jitter, now, deadline) {
+            Next::Retry(wait) => {
+                if self.attempt == 0 {
+                    tracing::warn!(
+                        "the rendezvous store does not answer while {} ({e}); retrying until join_timeout ({:?})",
+                        self.what,
+                        self.timeout
+                    );
+                }
+                self.attempt += 1;
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }
+            Next::Lost => {
+                tracing::warn!("the rendezvous store did not answer for {:?} while {}: {e}", self.timeout, self.what);
+                Err(RdzvError::StoreLost)
+            }
+            Next::Fail => Err(e),
+        }
+    }
+
+    /// The operation made progress: a later connection error starts a new deadline.
+    pub(super) fn reset(&mut self) {
+        if self.attempt > 0 {
+            tracing::info!("the rendezvous store answers again ({})", self.what);
+        }
+        self.deadline = None;
+        self.attempt = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io;
+    use std::net::SocketAddr;
+
+    use super::*;
+    use crate::store::tcp::frame::FrameError;
+
+    #[test]
+    fn connection_errors_are_retried_and_the_rest_is_final() {
+        let addr = SocketAddr::from(([127, 0, 0, 1], 29500));
+        let d = Duration::from_secs(1);
+        let store = |e: StoreError| RdzvError::Store(e);
+        let table: Vec<(RdzvError, bool)> = vec![
+            (store(StoreError::Closed { addr, op: "list_keys" }), true),
+            (store(StoreError::Io { addr, op: "get", source: io::ErrorKind::ConnectionReset.into() }), true),
+            (store(StoreError::Timeout { addr, op: "add", timeout: d }), true),
+            (store(StoreError::Connect { addr, timeout: d, last: "refused".into() }), true),
+            (store(StoreError::Broken { addr }), true),
+            (store(StoreError::WrongToken { addr }), false),
+            (store(StoreError::NotAStore { addr, answer: "it answered garbage" }), false),
+            (store(StoreError::Handshake { addr, expected: 1, got: 2 }), false),
+            (store(StoreError::Protocol { addr, op: "get", source: FrameError::Malformed("x") }), false),
+            (store(StoreError::WaitTimeout { addr, op: "wait", timeout: d, keys: "k".into() }), false),
+            (RdzvError::StoreLost, false),
+            (RdzvError::State("bad seal".into()), false),
+            (RdzvError::Closed("job".into()), false),
+            (RdzvError::Mismatch("args".into()), false),
+        ];
+        for (e, retried) in table {
+            assert_eq!(is_connection_error(&e), retried, "{e}");
+        }
+    }
+
+    #[test]
+    fn back_off_grows_to_a_cap_and_never_passes_the_deadline() {
+        let closed = RdzvError::Store(StoreError::Closed { addr: SocketAddr::from(([127, 0, 0, 1], 1)), op: "get" });
+        let now = Instant::now();
+        let later = now + Duration::from_secs(60);
+        let ms = |n| Next::Retry(Duration::from_millis(n));
+        let table = [
+            // (attempt, jitter, now, deadline, expected)
+            (0, 0.5, now, later, ms(100)),
+            (1, 0.5, now, later, ms(150)),
+            (0, 0.0, now, later, ms(50)),
+            (0, 0.999, now, later, Next::Retry(Duration::from_millis(100).mul_f64(1.499))),
+            (30, 0.5, now, later, ms(2000)),
+            (30, 0.5, now, now + Duration::from_millis(300), ms(300)),
+            (3, 0.5, later, later, Next::Lost),
+        ];
+        for (attempt, jitter, at, deadline, expected) in table {
+            assert_eq!(decide(&closed, attempt, jitter, at, deadline), expected, "attempt {attempt}");
+        }
+        assert_eq!(decide(&RdzvError::State("x".into()), 0, 0.5, now, later), Next::Fail);
+    }
+}
