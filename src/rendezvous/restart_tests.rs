@@ -50,8 +50,10 @@ async fn a_restarted_store_makes_the_group_reform_in_it() {
         .into_iter()
         .map(|(mut a, _)| {
             tokio::spawn(async move {
-                let event = within(10, a.next_event()).await;
-                assert_eq!(event.expect("seen in time").expect("no error"), RdzvEvent::RoundChanged);
+                let event = within(10, a.next_event()).await.expect("seen in time").expect("no error");
+                // The old server deletes the other agent's session keys as it closes its connections, so a
+                // node may hear of that loss before its own connection ends: either way the group re-forms.
+                assert!(matches!(event, RdzvEvent::RoundChanged | RdzvEvent::PeerLost(_)), "{event:?}");
                 a.next_round().await.expect("re-formed in the new store")
             })
         })
