@@ -7,11 +7,9 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::Duration;
 
 use common::cluster::{Agent, LONG};
@@ -171,17 +169,6 @@ fn with_a_token_neither_a_torch_client_nor_an_agent_with_a_wrong_token_disturbs_
     attacks_leave_the_job_running(Some(TOKEN));
 }
 
-fn lines_of(reader: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(reader).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
 
 /// `muster store` holds a token too (`--token-file`, else `MUSTER_RDZV_TOKEN`): agents without it are
 /// refused, torch clients keep torch's key space only, and an empty token file is bad input.

@@ -4,14 +4,14 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
 
-use common::{fixture, muster, python, wait_for_lines, Guard};
+use common::{fixture, lines_of, muster, python, wait_for_lines, Guard};
 
 const IDLE: usize = 5000;
 /// A generous bound on the muster process's peak RSS with `IDLE` idle connections (measured: see the test
@@ -65,18 +65,6 @@ fn peak_rss_kib(pid: i32) -> u64 {
         .expect("VmHWM in /proc status")
 }
 
-/// Lines of `reader`, on a channel, read by a thread of their own.
-fn lines_of(reader: impl Read + Send + 'static) -> mpsc::Receiver<String> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        for line in BufReader::new(reader).lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
 
 /// The first line of `lines` containing `needle`, within a minute.
 fn line_with(lines: &mpsc::Receiver<String>, needle: &str) -> String {

@@ -153,3 +153,16 @@ pub fn wait_for_lines(path: &Path, lines: usize, timeout: Duration) -> String {
     assert!(ok, "{} did not reach {lines} lines within {timeout:?}; has: {content:?}", path.display());
     content
 }
+
+/// Lines of `reader`, on a channel, read by a thread of their own.
+pub fn lines_of(reader: impl Read + Send + 'static) -> std::sync::mpsc::Receiver<String> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufRead::lines(std::io::BufReader::new(reader)).map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::tests::closed;
 use super::*;
 use crate::store::tcp::frame::{self, WatchMode};
 use crate::store::tcp::Client;
@@ -36,17 +37,6 @@ async fn agent(server: &Server) -> TcpStream {
     send(&mut stream, Request::Hello { version: frame::HELLO_VERSION, token: b"" }).await;
     assert_eq!(read(&mut stream, 2).await, [frame::TAG_REPLY, frame::HELLO_OK]);
     stream
-}
-
-async fn closed(stream: &mut TcpStream) -> bool {
-    let mut buf = [0; 64];
-    loop {
-        match tokio::time::timeout(TIMEOUT, stream.read(&mut buf)).await {
-            Ok(Ok(0)) | Ok(Err(_)) => return true,
-            Ok(Ok(_)) => continue,
-            Err(_) => return false,
-        }
-    }
 }
 
 #[tokio::test]
