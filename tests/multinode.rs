@@ -280,7 +280,8 @@ fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
 #[test]
 fn a_killed_store_host_fails_every_agent_clearly_and_leaves_no_orphan() {
     let job = Job::new();
-    let mut agents = job.start(&["a", "b"], "2", 1, "last_call_timeout=1", &[]);
+    // A store that does not answer is asked again for read_timeout (it may be restarting): 5 s here.
+    let mut agents = job.start(&["a", "b"], "2", 1, "last_call_timeout=1,read_timeout=5", &[]);
     let world = wait_world(job.path(), 2, 2);
     // SAFETY: plain kill(2).
     unsafe { libc::kill(agents[0].guard.pid(), libc::SIGKILL) };

@@ -427,6 +427,7 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         keep_alive_interval: r.keep_alive_interval,
         keep_alive_max_attempt: r.keep_alive_max_attempt,
         heartbeat_timeout: r.heartbeat_timeout,
+        store_timeout: r.read_timeout,
         node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
         strict_rank: static_rdzv,
     }

@@ -170,6 +170,7 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         keep_alive_interval: Duration::from_secs(5),
         keep_alive_max_attempt: 3,
         heartbeat_timeout: Duration::from_secs(5),
+        store_timeout: Duration::from_secs(60),
         node_rank: None,
         strict_rank: false,
     };

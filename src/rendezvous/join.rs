@@ -72,7 +72,7 @@ impl<S: Store> Rendezvous<S> {
         let start = Instant::now();
         let deadline = start + self.settings.join_timeout;
         self.current = None;
-        let mut retry = Retry::new("joining", self.settings.join_timeout);
+        let mut retry = Retry::new("joining", self.settings.store_timeout);
         let mut taken = None;
         let mut reconnected = false;
         loop {
@@ -287,7 +287,7 @@ impl<S: Store> Rendezvous<S> {
     /// idempotent across members (compare-and-set on the round counter), so it is tried again while the
     /// store does not answer (within `join_timeout`).
     pub async fn open_next_round(&self) -> Result<(), RdzvError> {
-        let mut retry = Retry::new("opening the next round", self.settings.join_timeout);
+        let mut retry = Retry::new("opening the next round", self.settings.store_timeout);
         loop {
             match self.try_open_next_round().await {
                 Err(e) => retry.after(e).await?,

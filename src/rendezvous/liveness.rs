@@ -170,7 +170,7 @@ impl<S: Store> Rendezvous<S> {
     /// instead of failing a running job. One that kept them (a dropped connection) is watched again; what
     /// changed meanwhile comes as the pending event.
     async fn after_store_lost(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
-        let mut retry = Retry::new("watching the round", self.settings.join_timeout);
+        let mut retry = Retry::new("watching the round", self.settings.store_timeout);
         loop {
             match self.watch_again(current).await {
                 Err(e) => retry.after(e).await?,
@@ -244,12 +244,12 @@ impl<S: Store> Rendezvous<S> {
     pub async fn wait_published(&mut self, name: &str, timeout: Duration) -> Result<Published, RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        let (store, join_timeout) = (self.store.clone(), self.settings.join_timeout);
-        // One long WAIT on a connection of its own; dropped when the membership changes first.
+        let (store, store_timeout) = (self.store.clone(), self.settings.store_timeout);
+        // Dropped when the membership changes first.
         // A failed connection is the watch's to handle (`next_event`): this wait only asks again.
         let published = async {
             let deadline = Instant::now() + timeout;
-            let mut retry = Retry::new("waiting for group rank 0", join_timeout);
+            let mut retry = Retry::new("waiting for group rank 0", store_timeout);
             loop {
                 let got = async {
                     if !store.wait(&key, deadline.saturating_duration_since(Instant::now())).await? {

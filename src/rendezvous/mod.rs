@@ -84,6 +84,9 @@ pub struct Settings {
     pub keep_alive_max_attempt: u32,
     /// Deadline for one heartbeat write.
     pub heartbeat_timeout: Duration,
+    /// How long a store that does not answer is asked again (it may be restarting) before the agent gives
+    /// up with the store lost: `--rdzv-conf read_timeout`, the deadline of one store request.
+    pub store_timeout: Duration,
     /// A scheduler-given rank: honoured among newcomers; with `strict_rank` it *is* the group rank (static).
     pub node_rank: Option<u32>,
     pub strict_rank: bool,
@@ -216,12 +219,12 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// Publishes a value for the current round (e.g. the workers' MASTER_ADDR:PORT from group rank 0).
-    /// A store that does not answer is asked again until `join_timeout`: should it have restarted, the
+    /// A store that does not answer is asked again until `store_timeout`: should it have restarted, the
     /// others re-form in it and this node follows when it watches the round.
     pub async fn publish(&self, name: &str, value: &[u8]) -> Result<(), RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        let mut retry = Retry::new("publishing", self.settings.join_timeout);
+        let mut retry = Retry::new("publishing", self.settings.store_timeout);
         loop {
             match self.store.set(&key, value).await {
                 Err(e) => retry.after(e.into()).await?,

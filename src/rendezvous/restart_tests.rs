@@ -1,6 +1,6 @@
 //! A TCP rendezvous store restarted (shut down, then bound again on its port with no keys) under agents
 //! that are running, joining or re-forming: they carry on in the new store; only a store gone for longer
-//! than `join_timeout` ends them, with `StoreLost`.
+//! than `store_timeout` ends them, with `StoreLost`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -115,13 +115,13 @@ async fn a_store_restarted_mid_reform_is_reformed_in() {
     }
 }
 
-/// A store gone for longer than `join_timeout` ends a re-forming node with the store lost.
+/// A store gone for longer than `store_timeout` ends a re-forming node with the store lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_gone_past_join_timeout_is_lost() {
+async fn a_store_gone_past_its_timeout_is_lost() {
     let server = Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind");
     let b = Impatient(server.local_addr());
     let mut s = settings(1, 1);
-    s.join_timeout = Duration::from_secs(2);
+    s.store_timeout = Duration::from_secs(2);
     let mut a = agent(&b, "a", 1, s).await;
     a.next_round().await.expect("joined alone");
     server.shutdown().await;

@@ -1,7 +1,7 @@
 //! A rendezvous store that restarted or was briefly unreachable. The store client reconnects on the next
 //! request, but a request in flight when its connection failed fails; the rendezvous operations (joining,
 //! re-forming, publishing, watching the round) then try again with back-off, logging one line, until
-//! `join_timeout`. Only a store gone for longer than that ends the agent, with [`RdzvError::StoreLost`].
+//! `store_timeout` (`read_timeout`). Only a store gone for longer than that ends the agent, with [`RdzvError::StoreLost`].
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
@@ -66,7 +66,7 @@ pub(super) struct Retry {
 }
 
 impl Retry {
-    /// `what` names the operation in the log line; `timeout` is `join_timeout`.
+    /// `what` names the operation in the log line; `timeout` is `store_timeout`.
     pub(super) fn new(what: &'static str, timeout: Duration) -> Retry {
         Retry { what, timeout, deadline: None, attempt: 0 }
     }
@@ -81,7 +81,7 @@ impl Retry {
             Next::Retry(wait) => {
                 if self.attempt == 0 {
                     tracing::warn!(
-                        "the rendezvous store does not answer while {} ({e}); retrying until join_timeout ({:?})",
+                        "the rendezvous store does not answer while {} ({e}); retrying for up to read_timeout ({:?})",
                         self.what,
                         self.timeout
                     );

@@ -20,6 +20,7 @@ fn settings(max: u32, strict: bool) -> Settings {
         keep_alive_interval: Duration::from_secs(1),
         keep_alive_max_attempt: 3,
         heartbeat_timeout: Duration::from_secs(1),
+        store_timeout: Duration::from_secs(10),
         node_rank: None,
         strict_rank: strict,
     }
@@ -137,6 +138,7 @@ pub(super) mod shared {
             keep_alive_interval: Duration::from_millis(200),
             keep_alive_max_attempt: 3,
             heartbeat_timeout: Duration::from_secs(1),
+        store_timeout: Duration::from_secs(10),
             node_rank: None,
             strict_rank: false,
         }
