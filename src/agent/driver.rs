@@ -398,6 +398,14 @@ impl Work {
             Ok(Err(e)) => tracing::warn!("cannot close the rendezvous: {e}"),
             Err(_) => tracing::warn!("cannot close the rendezvous within close_timeout ({timeout:?})"),
         }
+        if barrier {
+            // Bounded like `close`: a store already gone must not hold the exit.
+            match tokio::time::timeout(timeout, self.rendezvous.leave_store(self.hosted.is_some())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("could not say this node is done with the store: {e}"),
+                Err(_) => tracing::debug!("could not say this node is done with the store within close_timeout"),
+            }
+        }
         Input::Finished
     }
 }

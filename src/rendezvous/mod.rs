@@ -50,6 +50,9 @@ use wire::parse_round;
 /// Every rendezvous key lives under `muster/<run id>/`; the store keeps them for the job's agents.
 pub const KEY_PREFIX: &str = "muster/";
 
+/// How long the node hosting the store waits at the end for the others to be done with it.
+const LEAVE_WAIT: Duration = Duration::from_secs(10);
+
 #[derive(Debug, thiserror::Error)]
 pub enum RdzvError {
     #[error("rendezvous store error: {0}")]
@@ -233,21 +236,42 @@ impl<S: Store> Rendezvous<S> {
         }
     }
 
-    /// Waits (bounded) until every member of the round has finished, so the node hosting the store outlives
-    /// the others' last use of it. Errors are the caller's to log, not fatal.
+    /// Waits (bounded) until every member of the round has finished. The member that completes the barrier
+    /// knows it is complete and does not wait. Errors are the caller's to log, not fatal.
     pub async fn exit_barrier(&self) -> Result<(), RdzvError> {
         let Some(current) = &self.current else { return Ok(()) };
         let done = self.store.add(&self.key(&format!("r/{}/done", current.round)), 1).await?;
         let all = self.key(&format!("r/{}/done_all", current.round));
         if done >= i64::from(current.group_world_size) {
             self.store.set(&all, b"1").await?;
+            return Ok(());
         }
-        // One long WAIT: it holds a connection of its own, the heartbeats go on beside it.
         if !self.store.wait(&all, self.settings.exit_barrier_timeout).await? {
             return Err(RdzvError::State(format!(
                 "exit barrier: not every node finished within {:?}",
                 self.settings.exit_barrier_timeout
             )));
+        }
+        Ok(())
+    }
+
+    /// The end of a finished job's use of the store, after the barrier and `close`: a member that does not
+    /// host the store says it is done with it; the host waits (at most `LEAVE_WAIT`) until every other
+    /// member has, so that none of their last requests finds the store gone with its host (which would
+    /// cost them a reconnect attempt until `close_timeout`).
+    pub async fn leave_store(&self, hosting: bool) -> Result<(), RdzvError> {
+        let Some(current) = &self.current else { return Ok(()) };
+        let others = i64::from(current.group_world_size.saturating_sub(1));
+        let left = self.key(&format!("r/{}/left", current.round));
+        let all_left = self.key(&format!("r/{}/left_all", current.round));
+        if hosting {
+            if others > 0 && !self.store.wait(&all_left, LEAVE_WAIT).await? {
+                tracing::debug!("not every node said it was done with the store within {LEAVE_WAIT:?}");
+            }
+            return Ok(());
+        }
+        if self.store.add(&left, 1).await? >= others {
+            self.store.set(&all_left, b"1").await?;
         }
         Ok(())
     }

@@ -129,3 +129,33 @@ async fn a_store_gone_past_its_timeout_is_lost() {
     assert!(matches!(err, RdzvError::StoreLost), "{err}");
     assert!(err.to_string().contains("lost the connection to the rendezvous store"), "{err}");
 }
+
+/// The end of a finished job: the host's store goes away as soon as the host is done, and no other member
+/// may still need it then (their last requests used to find it gone and wait out a reconnect).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_outlives_every_members_last_request() {
+    let b = tcp().await;
+    let agents = vec![
+        agent(&b, "h", 1, settings(3, 3)).await,
+        agent(&b, "x", 1, settings(3, 3)).await,
+        agent(&b, "y", 1, settings(3, 3)).await,
+    ];
+    let mut joined = join_all(agents).await.into_iter();
+    let (host, _) = joined.next().expect("host");
+    let others: Vec<_> = joined
+        .map(|(a, _)| {
+            tokio::spawn(async move {
+                a.exit_barrier().await?;
+                a.close().await?;
+                a.leave_store(false).await
+            })
+        })
+        .collect();
+    host.exit_barrier().await.expect("barrier");
+    host.close().await.expect("close");
+    within(15, host.leave_store(true)).await.expect("in time").expect("leave");
+    b.0.shutdown().await;
+    for task in others {
+        within(5, task).await.expect("in time").expect("task").expect("every last request was served");
+    }
+}
