@@ -376,9 +376,10 @@ impl OrphanGuard {
         for p in tree.live() {
             let outside = !sessions.contains(&p.session) && p.pid != self.pid && !own.contains(&p.pid);
             if outside && !told.contains_key(&p.pid) && tree.descends(p.pid, me) {
-                tracing::debug!("process {} left the job's sessions; the orphan guard will end it with the job", p.pid);
                 told.insert(p.pid, p.start);
                 self.send(&format!("+p {} {}\n", p.pid, p.start));
+                // Said once the guard has been told (a test kills the agent on this line).
+                tracing::debug!("process {} left the job's sessions; the orphan guard will end it with the job", p.pid);
             }
         }
     }
