@@ -1,5 +1,5 @@
 //! The rendezvous: pure rank assignment, then one shared suite run against every `Store` (design invariant 3):
-//! the in-memory store and muster's TCP store over loopback.
+//! the in-memory store, muster's TCP store over loopback and etcd (a real member on loopback).
 
 use super::join::assign_ranks;
 use super::wire::{parse_round, Record, Seal};
@@ -123,6 +123,21 @@ pub(super) mod shared {
             let addr = SocketAddr::from(([127, 0, 0, 1], self.0.port()));
             Box::pin(async move {
                 RemoteStore::connect(addr, b"", Duration::from_secs(5), Duration::from_secs(10)).await.expect("connect")
+            })
+        }
+    }
+
+    /// etcd on loopback (`MUSTER_ETCD` names the binary): a member of its own per test.
+    struct Etcd(crate::store::etcd::testing::TestEtcd);
+
+    impl Backend for Etcd {
+        type S = crate::store::etcd::EtcdStore;
+        fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
+            Box::pin(async move {
+                // The session's lease lasts as long as the suite's heartbeats allow a hung node.
+                let mut opts = self.0.options("/");
+                opts.lease_ttl = Duration::from_secs(2);
+                crate::store::etcd::EtcdStore::connect(&opts, Duration::from_secs(20)).await.expect("connect")
             })
         }
     }
@@ -425,6 +440,10 @@ pub(super) mod shared {
             mod tcp_store {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::tcp().await).await })*
+            }
+            mod etcd_store {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Etcd(crate::store::etcd::testing::TestEtcd::start())).await })*
             }
         };
     }

@@ -89,4 +89,30 @@ pub enum StoreError {
          the same MUSTER_RDZV_TOKEN (or --rdzv-conf token_file=)"
     )]
     WrongToken { addr: SocketAddr },
+
+    #[error(
+        "no etcd member answered {op} at {endpoints} in time (last error: {last}); check that etcd is running \
+         and that --rdzv-endpoint names its client port (2379 by default)"
+    )]
+    Unreachable { endpoints: String, op: &'static str, last: String },
+
+    #[error("etcd at {endpoint} refused the request (gRPC code {code}): {message}")]
+    Etcd { endpoint: String, code: i64, message: String },
+
+    #[error(
+        "{endpoint} is not etcd's v3 JSON gateway ({answer}); give the members' client URLs (port 2379 by \
+         default, not the peer port 2380), and etcd 3.4 or later"
+    )]
+    NotEtcd { endpoint: String, answer: String },
+
+    #[error(
+        "etcd at {endpoints} refused user {user:?}: {why}; check MUSTER_ETCD_USER and MUSTER_ETCD_PASSWORD"
+    )]
+    EtcdAuth { endpoints: String, user: String, why: String },
+
+    #[error("TLS to etcd at {endpoint} failed: {reason}")]
+    Tls { endpoint: String, reason: String },
+
+    #[error("{what}")]
+    BadSetting { what: String },
 }

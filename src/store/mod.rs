@@ -5,6 +5,7 @@ mod kv;
 pub mod memory;
 pub mod remote;
 mod standalone;
+pub mod etcd;
 pub mod tcp;
 
 pub use error::StoreError;

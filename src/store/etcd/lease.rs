@@ -1,0 +1,171 @@
+//! This handle's session in etcd: one lease, kept alive by one POST per third of its TTL, and the session
+//! keys put on it. A keepalive answered without a TTL is etcd's only word that the lease is gone (it
+//! expired while this agent could not reach etcd): a new lease is granted and every session key put on
+//! it again, as the TCP store sets them again after a reconnect. Revoked when the handle is dropped, so
+//! a node that leaves is gone at once; a node killed is gone after the TTL.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use super::cluster::Cluster;
+use super::wire::{self, LeaseReply};
+use crate::store::StoreError;
+
+#[derive(Default)]
+struct State {
+    lease: Option<i64>,
+    /// Every session key (full etcd key) set and not deleted, with its value.
+    keys: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+pub(super) struct Session {
+    cluster: Arc<Cluster>,
+    ttl: Duration,
+    timeout: Duration,
+    state: Mutex<State>,
+    /// Held while granting, so concurrent first uses grant one lease.
+    granting: tokio::sync::Mutex<()>,
+    keepalive: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Session {
+    pub(super) fn new(cluster: Arc<Cluster>, ttl: Duration, timeout: Duration) -> Arc<Session> {
+        Arc::new(Session {
+            cluster,
+            ttl,
+            timeout,
+            state: Mutex::default(),
+            granting: tokio::sync::Mutex::new(()),
+            keepalive: Mutex::new(None),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// The lease, granted (and its keepalive started) on first use.
+    pub(super) async fn lease(self: &Arc<Self>) -> Result<i64, StoreError> {
+        if let Some(id) = self.state().lease {
+            return Ok(id);
+        }
+        let _granting = self.granting.lock().await;
+        if let Some(id) = self.state().lease {
+            return Ok(id);
+        }
+        let id = self.grant().await?;
+        self.state().lease = Some(id);
+        let mut keepalive = self.keepalive.lock().unwrap_or_else(PoisonError::into_inner);
+        if keepalive.is_none() {
+            *keepalive = Some(tokio::spawn(keep_alive(Arc::downgrade(self))));
+        }
+        Ok(id)
+    }
+
+    async fn grant(&self) -> Result<i64, StoreError> {
+        let ttl = self.ttl.as_secs().max(2);
+        let reply: LeaseReply = self.cluster.call("/v3/lease/grant", &json!({ "TTL": ttl.to_string() }), self.deadline()).await?;
+        if reply.id == 0 {
+            return Err(StoreError::Etcd { endpoint: self.cluster.named.clone(), code: 0, message: "lease grant gave no ID".into() });
+        }
+        Ok(reply.id)
+    }
+
+    /// Puts `key` on the lease, recording it first so a lease granted again in between puts it too.
+    pub(super) async fn put(self: &Arc<Self>, key: Vec<u8>, value: &[u8]) -> Result<(), StoreError> {
+        self.state().keys.insert(key.clone(), value.to_vec());
+        for _ in 0..2 {
+            let lease = self.lease().await?;
+            match self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(&key, value, Some(lease)), self.deadline()).await {
+                Err(StoreError::Etcd { code: wire::CODE_NOT_FOUND, .. }) => self.lost(lease),
+                other => return other.map(drop),
+            }
+        }
+        Err(StoreError::Etcd { endpoint: self.cluster.named.clone(), code: wire::CODE_NOT_FOUND, message: "the lease was lost twice in a row".into() })
+    }
+
+    pub(super) fn forget(&self, key: &[u8]) {
+        self.state().keys.remove(key);
+    }
+
+    /// The lease is gone: the next use grants another.
+    fn lost(&self, lease: i64) {
+        let mut state = self.state();
+        if state.lease == Some(lease) {
+            state.lease = None;
+        }
+    }
+
+    /// One keepalive; on a lost lease, a new one with every session key on it.
+    async fn refresh(self: &Arc<Self>) -> Result<(), StoreError> {
+        let Some(lease) = self.state().lease else { return Ok(()) };
+        let deadline = Instant::now() + self.ttl / 3;
+        let reply: LeaseReply = self.cluster.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }), deadline).await?;
+        if reply.ttl > 0 {
+            return Ok(());
+        }
+        self.lost(lease);
+        // Granted here rather than through `lease()`, which starts this task.
+        let lease = self.grant().await?;
+        self.state().lease = Some(lease);
+        let keys = self.state().keys.clone();
+        for (key, value) in &keys {
+            self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(key, value, Some(lease)), self.deadline()).await?;
+        }
+        tracing::warn!(
+            "this agent's etcd lease expired (etcd was out of reach for longer than its TTL, {:?}); \
+             {} session key(s) set again on a new lease",
+            self.ttl,
+            keys.len()
+        );
+        Ok(())
+    }
+
+    /// Stops the keepalive and forgets the lease without revoking it, as a SIGKILLed agent leaves it.
+    #[cfg(test)]
+    pub(super) fn abandon(&self) {
+        if let Some(task) = self.keepalive.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+        self.state().lease = None;
+    }
+
+    /// Revokes the lease (bounded, in the background: called from `Drop`).
+    pub(super) fn end(&self) {
+        if let Some(task) = self.keepalive.lock().unwrap_or_else(PoisonError::into_inner).take() {
+            task.abort();
+        }
+        let Some(lease) = self.state().lease.take() else { return };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
+        let cluster = self.cluster.clone();
+        runtime.spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            let body = json!({ "ID": lease.to_string() });
+            if let Err(e) = cluster.call::<serde_json::Value>("/v3/lease/revoke", &body, deadline).await {
+                tracing::debug!("revoking the etcd lease: {e}");
+            }
+        });
+    }
+}
+
+/// Keeps the lease alive until the session is gone. Failures are the cluster's to report (an outage is
+/// said once there); a lease that expired meanwhile is replaced by `refresh`.
+async fn keep_alive(session: std::sync::Weak<Session>) {
+    loop {
+        let Some(every) = session.upgrade().map(|s| s.ttl / 3) else { return };
+        tokio::time::sleep(every).await;
+        let Some(s) = session.upgrade() else { return };
+        if let Err(e) = s.refresh().await {
+            tracing::debug!("etcd lease keepalive: {e}");
+        }
+    }
+}

@@ -1,0 +1,262 @@
+//! The [`Store`] trait on etcd v3, through its JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`), so a
+//! job's rendezvous outlives any one machine: the members fail over, writes are transactions, session keys
+//! live on a lease this handle keeps alive, watches resume from their revision.
+//!
+//! Every key is put under the namespace (`etcd_prefix`, default `/`), so the rendezvous' keys for run `R`
+//! are `/muster/R/…`. Compare-and-set and counters are transactions compared on the key's revision.
+
+mod cluster;
+mod lease;
+mod tls;
+mod watch;
+pub mod wire;
+
+#[cfg(test)]
+pub(crate) mod testing;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tokio::sync::mpsc;
+use tokio::time::{timeout_at, Instant};
+
+pub use cluster::Credentials;
+pub use tls::TlsFiles;
+
+use self::cluster::Cluster;
+use self::lease::Session;
+use self::watch::{Namer, Target};
+use self::wire::{Compare, DeleteReply, RangeReply, StatusReply, TxnReply};
+use super::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
+
+/// How to reach etcd and what this handle's session is.
+#[derive(Debug, Clone)]
+pub struct EtcdOptions {
+    /// `host:port` of each member's client URL.
+    pub endpoints: Vec<String>,
+    /// https with these files; None: http.
+    pub tls: Option<TlsFiles>,
+    pub credentials: Option<Credentials>,
+    /// Put before every key; ends with `/`.
+    pub namespace: String,
+    /// The lease of the session keys: how long a node killed stays a member.
+    pub lease_ttl: Duration,
+    /// Bounds every request (across members and retries).
+    pub request_timeout: Duration,
+    /// Bounds a heartbeat: one that cannot be written soon is skipped, the next one comes.
+    pub beat_timeout: Duration,
+}
+
+/// etcd's default `--max-txn-ops`: the most operations one transaction may hold.
+const MAX_TXN_OPS: usize = 128;
+
+pub struct EtcdStore {
+    cluster: Arc<Cluster>,
+    session: Arc<Session>,
+    namespace: Arc<str>,
+    timeout: Duration,
+    beat_timeout: Duration,
+}
+
+impl EtcdStore {
+    /// Reaches a member within `connect_timeout` (else [`StoreError::Unreachable`]) and checks it is etcd.
+    pub async fn connect(opts: &EtcdOptions, connect_timeout: Duration) -> Result<EtcdStore, StoreError> {
+        let cluster = Arc::new(Cluster::new(&opts.endpoints, opts.tls.as_ref(), opts.credentials.clone()).await?);
+        let status: StatusReply = cluster.call("/v3/maintenance/status", &json!({}), Instant::now() + connect_timeout).await?;
+        if status.version.is_empty() {
+            return Err(StoreError::NotEtcd {
+                endpoint: cluster.named.clone(),
+                answer: "a status reply without a version".into(),
+            });
+        }
+        tracing::debug!("etcd {} at {}", status.version, cluster.named);
+        Ok(EtcdStore {
+            session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
+            cluster,
+            namespace: opts.namespace.as_str().into(),
+            timeout: opts.request_timeout,
+            beat_timeout: opts.beat_timeout,
+        })
+    }
+
+    fn full(&self, key: &str) -> Vec<u8> {
+        let mut full = Vec::with_capacity(self.namespace.len() + key.len());
+        full.extend_from_slice(self.namespace.as_bytes());
+        full.extend_from_slice(key.as_bytes());
+        full
+    }
+
+    fn name(&self, key: &[u8]) -> String {
+        String::from_utf8_lossy(key.strip_prefix(self.namespace.as_bytes()).unwrap_or(key)).into_owned()
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(&self, path: &'static str, body: &Value) -> Result<T, StoreError> {
+        self.cluster.call(path, body, Instant::now() + self.timeout).await
+    }
+
+    async fn range(&self, key: &[u8]) -> Result<Option<wire::KeyValue>, StoreError> {
+        let reply: RangeReply = self.call("/v3/kv/range", &wire::range(key, false, false)).await?;
+        Ok(reply.kvs.into_iter().next())
+    }
+
+    fn failed(&self, message: String) -> StoreError {
+        StoreError::Etcd { endpoint: self.cluster.named.clone(), code: 0, message }
+    }
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        self.session.end();
+    }
+}
+
+impl Store for EtcdStore {
+    async fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.call::<Value>("/v3/kv/put", &wire::put(&self.full(key), value, None)).await.map(drop)
+    }
+
+    async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.range(&self.full(key)).await?.map(|kv| kv.value))
+    }
+
+    /// Read, then write compared on the revision read; again if another writer came in between.
+    async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
+        let key = self.full(key);
+        loop {
+            let current = self.range(&key).await?;
+            let now = match &current {
+                None => 0,
+                Some(kv) => std::str::from_utf8(&kv.value).ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(
+                    || self.failed(format!("add on {}: the value is not an integer", self.name(&key))),
+                )?,
+            };
+            let new = now.checked_add(delta).ok_or_else(|| self.failed(format!("add on {} overflows", self.name(&key))))?;
+            let compare = match &current {
+                None => Compare::Absent(&key),
+                Some(kv) => Compare::ModRevision(&key, kv.mod_revision),
+            };
+            let put = wire::op_put(wire::put(&key, new.to_string().as_bytes(), None));
+            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare], vec![put], vec![])).await?;
+            if reply.succeeded {
+                return Ok(new);
+            }
+        }
+    }
+
+    /// Absent counts as empty: an empty `expected` matches a missing key (and an empty value, compared on
+    /// its revision).
+    async fn compare_set(&self, key: &str, expected: &[u8], desired: &[u8]) -> Result<Vec<u8>, StoreError> {
+        let key = self.full(key);
+        let mut compare = if expected.is_empty() { Compare::Absent(&key) } else { Compare::Value(&key, expected) };
+        loop {
+            let put = wire::op_put(wire::put(&key, desired, None));
+            let read = wire::op_range(wire::range(&key, false, false));
+            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare.clone()], vec![put], vec![read])).await?;
+            if reply.succeeded {
+                return Ok(desired.to_vec());
+            }
+            let current = reply.responses.into_iter().next().and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
+            match current {
+                Some(kv) if expected.is_empty() && kv.value.is_empty() && compare != Compare::ModRevision(&key, kv.mod_revision) => {
+                    compare = Compare::ModRevision(&key, kv.mod_revision);
+                }
+                Some(kv) => return Ok(kv.value),
+                None => return Ok(Vec::new()),
+            }
+        }
+    }
+
+    async fn wait(&self, key: &str, timeout: Duration) -> Result<bool, StoreError> {
+        let deadline = Instant::now() + timeout;
+        let mut events = self.watch(&[WatchTarget::Key(key.to_string())]).await?;
+        if self.get(key).await?.is_some() {
+            return Ok(true);
+        }
+        loop {
+            match timeout_at(deadline, events.recv()).await {
+                Ok(Some(WatchEvent { kind: WatchEventKind::Written, .. })) => return Ok(true),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    let last = "the watch ended".to_string();
+                    return Err(StoreError::Unreachable { endpoints: self.cluster.named.clone(), op: "wait", last });
+                }
+                Err(_) => return Ok(false),
+            }
+        }
+    }
+
+    /// In transactions of at most [`MAX_TXN_OPS`] keys each.
+    async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        for chunk in pairs.chunks(MAX_TXN_OPS) {
+            let puts = chunk.iter().map(|(k, v)| wire::op_put(wire::put(&self.full(k), v, None))).collect();
+            self.call::<TxnReply>("/v3/kv/txn", &wire::txn(&[], puts, vec![])).await?;
+        }
+        Ok(())
+    }
+
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
+        let mut values = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(MAX_TXN_OPS) {
+            let ranges = chunk.iter().map(|k| wire::op_range(wire::range(&self.full(k), false, false))).collect();
+            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[], ranges, vec![])).await?;
+            let found = reply.responses.into_iter().filter_map(|r| r.response_range.and_then(|r| r.kvs.into_iter().next()));
+            values.extend(found.map(|kv| kv.value).filter(|v| !v.is_empty()));
+        }
+        Ok(values)
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
+        let reply: RangeReply = self.call("/v3/kv/range", &wire::range(&self.full(prefix), true, true)).await?;
+        Ok(reply.kvs.iter().map(|kv| self.name(&kv.key)).collect())
+    }
+
+    async fn delete(&self, key: &str) -> Result<bool, StoreError> {
+        let key = self.full(key);
+        self.session.forget(&key);
+        let reply: DeleteReply = self.call("/v3/kv/deleterange", &wire::delete(&key)).await?;
+        Ok(reply.deleted > 0)
+    }
+
+    /// On the session's lease; skipped (an error the caller logs once) when etcd is out of reach.
+    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        let lease = self.session.lease().await?;
+        let body = wire::put(&self.full(key), value, Some(lease));
+        self.cluster.call::<Value>("/v3/kv/put", &body, Instant::now() + self.beat_timeout).await.map(drop)
+    }
+
+    async fn set_session(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+        self.session.put(self.full(key), value).await
+    }
+
+    /// One read of every target (one transaction) gives the revision the streams start after, so every
+    /// write after this call returns is delivered.
+    async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        if targets.is_empty() {
+            return Ok(rx);
+        }
+        let wanted: Vec<Target> = targets
+            .iter()
+            .map(|t| match t {
+                WatchTarget::Key(k) => Target { key: self.full(k), prefix: false, known: HashSet::new() },
+                WatchTarget::Prefix(p) => Target { key: self.full(p), prefix: true, known: HashSet::new() },
+            })
+            .collect();
+        let mut started = Vec::new();
+        for chunk in wanted.chunks(MAX_TXN_OPS) {
+            let reads = chunk.iter().map(|t| wire::op_range(wire::range(&t.key, t.prefix, true))).collect();
+            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[], reads, vec![])).await?;
+            let mut chunk = chunk.to_vec();
+            for (target, read) in chunk.iter_mut().zip(reply.responses) {
+                target.known = read.response_range.map(|r| r.kvs.into_iter().map(|kv| kv.key).collect()).unwrap_or_default();
+            }
+            started.push((chunk, reply.header.revision + 1));
+        }
+        watch::spawn(self.cluster.clone(), started, Namer(self.namespace.clone()), tx);
+        Ok(rx)
+    }
+}

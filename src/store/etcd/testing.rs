@@ -1,0 +1,78 @@
+//! A single-member etcd on loopback for tests: `MUSTER_ETCD` names the binary (scripts/test.sh runs the
+//! suite against 3.4 and 3.5 that way), else `etcd` on PATH. A missing etcd fails the test, never skips it.
+
+use std::net::{TcpListener, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::{EtcdOptions, EtcdStore};
+
+pub struct TestEtcd {
+    child: Child,
+    pub endpoint: String,
+    _dir: tempfile::TempDir,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")
+}
+
+impl TestEtcd {
+    /// Started and listening. A port picked free can be taken (by any outgoing connection) before etcd
+    /// binds it: then etcd exits, and it is started again on other ports.
+    pub fn start() -> TestEtcd {
+        let binary = std::env::var("MUSTER_ETCD").unwrap_or_else(|_| "etcd".into());
+        for _ in 0..5 {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let (client, peer) = (free_port(), free_port());
+            let url = |p: u16| format!("http://127.0.0.1:{p}");
+            let mut child = Command::new(&binary)
+                .args(["--name", "t", "--data-dir"])
+                .arg(dir.path().join("data"))
+                .args(["--listen-client-urls", &url(client), "--advertise-client-urls", &url(client)])
+                .args(["--listen-peer-urls", &url(peer), "--initial-advertise-peer-urls", &url(peer)])
+                .args(["--initial-cluster", &format!("t={}", url(peer)), "--log-level", "error"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap_or_else(|e| panic!("cannot run {binary} ({e}): run `source scripts/lib.sh; ensure_etcd` or set MUSTER_ETCD"));
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                if matches!(child.try_wait(), Ok(Some(_))) {
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", client)).is_ok() {
+                    return TestEtcd { child, endpoint: format!("127.0.0.1:{client}"), _dir: dir };
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        panic!("{binary} did not start on loopback in 5 tries");
+    }
+
+    pub fn options(&self, namespace: &str) -> EtcdOptions {
+        EtcdOptions {
+            endpoints: vec![self.endpoint.clone()],
+            tls: None,
+            credentials: None,
+            namespace: namespace.to_string(),
+            lease_ttl: Duration::from_secs(3),
+            request_timeout: Duration::from_secs(10),
+            beat_timeout: Duration::from_secs(2),
+        }
+    }
+
+    /// A handle, once etcd answers.
+    pub async fn store(&self, namespace: &str) -> EtcdStore {
+        EtcdStore::connect(&self.options(namespace), Duration::from_secs(20)).await.expect("etcd answers")
+    }
+}
+
+impl Drop for TestEtcd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

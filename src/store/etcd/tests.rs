@@ -1,0 +1,84 @@
+//! The `Store` semantics on a real etcd (single member, loopback).
+
+use std::time::Duration;
+
+use super::testing::TestEtcd;
+use crate::store::{Store, WatchEventKind, WatchTarget};
+
+#[tokio::test]
+async fn keys_counters_and_compare_set() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/t/").await;
+    assert_eq!(s.get("a").await.unwrap(), None);
+    s.set("a", b"1").await.unwrap();
+    assert_eq!(s.get("a").await.unwrap(), Some(b"1".to_vec()));
+    assert_eq!(s.add("n", 2).await.unwrap(), 2);
+    assert_eq!(s.add("n", -5).await.unwrap(), -3);
+    assert!(s.add("a", 1).await.is_ok(), "an integer value adds");
+    s.set("text", b"x").await.unwrap();
+    assert!(s.add("text", 1).await.is_err());
+    // Absent counts as empty.
+    assert_eq!(s.compare_set("c", b"", b"v1").await.unwrap(), b"v1");
+    assert_eq!(s.compare_set("c", b"", b"v2").await.unwrap(), b"v1");
+    assert_eq!(s.compare_set("c", b"v1", b"v3").await.unwrap(), b"v3");
+    assert_eq!(s.compare_set("missing", b"x", b"y").await.unwrap(), b"");
+    s.set("empty", b"").await.unwrap();
+    assert_eq!(s.compare_set("empty", b"", b"z").await.unwrap(), b"z");
+    s.multi_set(&[("m/1".into(), b"a".to_vec()), ("m/2".into(), b"b".to_vec())]).await.unwrap();
+    let keys: Vec<String> = (0..300).map(|i| format!("m/{i}")).collect();
+    assert_eq!(s.multi_get(&keys).await.unwrap(), vec![b"a".to_vec(), b"b".to_vec()]);
+    let mut listed = s.list("m/").await.unwrap();
+    listed.sort();
+    assert_eq!(listed, ["m/1", "m/2"]);
+    assert!(s.delete("m/1").await.unwrap());
+    assert!(!s.delete("m/1").await.unwrap());
+    // Another namespace sees none of it.
+    let other = etcd.store("/u/").await;
+    assert_eq!(other.get("a").await.unwrap(), None);
+    assert!(other.list("").await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn session_keys_end_with_their_handle_and_watches_see_it() {
+    let etcd = TestEtcd::start();
+    let observer = etcd.store("/t/").await;
+    let member = etcd.store("/t/").await;
+    member.set_session("alive/x", b"1").await.unwrap();
+    member.beat("hb/x", b"1").await.unwrap();
+    let mut events = observer.watch(&[WatchTarget::Key("alive/x".into()), WatchTarget::Prefix("w/".into())]).await.unwrap();
+    observer.set("w/1", b"j").await.unwrap();
+    let e = events.recv().await.unwrap();
+    assert_eq!((e.kind, e.key.as_str()), (WatchEventKind::Written, "w/1"));
+    drop(member);
+    let e = tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap();
+    assert_eq!((e.kind, e.key.as_str()), (WatchEventKind::Deleted, "alive/x"));
+    assert_eq!(observer.get("hb/x").await.unwrap(), None, "the heartbeat is on the lease too");
+}
+
+#[tokio::test]
+async fn waits_end_when_the_key_comes_or_the_time_is_up() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/t/").await;
+    assert!(!s.wait("k", Duration::from_millis(300)).await.unwrap());
+    let writer = etcd.store("/t/").await;
+    let (waited, ()) = tokio::join!(s.wait("k", Duration::from_secs(10)), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        writer.set("k", b"v").await.unwrap();
+    });
+    assert!(waited.unwrap());
+    assert!(s.wait("k", Duration::from_millis(1)).await.unwrap());
+}
+
+#[tokio::test]
+async fn a_killed_handle_is_gone_after_its_lease() {
+    let etcd = TestEtcd::start();
+    let observer = etcd.store("/t/").await;
+    let member = etcd.store("/t/").await;
+    member.set_session("alive/y", b"1").await.unwrap();
+    let mut events = observer.watch(&[WatchTarget::Key("alive/y".into())]).await.unwrap();
+    // As a SIGKILLed agent: no revoke, no keepalive.
+    member.session.abandon();
+    drop(member);
+    let e = tokio::time::timeout(Duration::from_secs(15), events.recv()).await.unwrap().unwrap();
+    assert_eq!((e.kind, e.key.as_str()), (WatchEventKind::Deleted, "alive/y"));
+}
