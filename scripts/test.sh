@@ -11,5 +11,7 @@ cargo build --release --quiet
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 # Integration tests start real torch workers; two at a time keeps a 2-core machine honest.
 cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+# The wheel, the .deb and the Kubernetes manifests, from the release build above.
+scripts/package-test.sh
 # Chaos, bounded (a few minutes on 2 cores): workers, agents, the store and fake GPUs broken on purpose.
 scripts/chaos.sh --seed 1 --events 8
