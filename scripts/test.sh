@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5), then builds, lints and runs
-# every test. Usage: scripts/test.sh [extra cargo test args]
+# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5), then builds,
+# lints and runs every test. Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh

@@ -43,7 +43,8 @@ impl Etcd {
             .output()
             .unwrap_or_else(|e| panic!("etcd {self:?}: cannot run {}: {e}; {hint}", bin.display()));
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains(version), "etcd {self:?}: {} is not {version}* (it says {text:?}); {hint}", bin.display());
+        let shown = bin.display();
+        assert!(text.contains(version), "etcd {self:?}: {shown} is not {version}* (it says {text:?}); {hint}");
         bin
     }
 }
@@ -93,8 +94,9 @@ impl EtcdCluster {
             &std::fs::read_to_string(dir.path().join("cluster.json")).expect("cluster.json after start"),
         )
         .expect("cluster.json is JSON");
-        let text = |v: &Value| v.as_str().unwrap_or_else(|| panic!("cluster.json: expected a string, got {v}")).to_string();
-        let names = state["members"].as_array().expect("cluster.json members").iter().map(|m| text(&m["name"])).collect();
+        let text = |v: &Value| v.as_str().unwrap_or_else(|| panic!("cluster.json: not a string: {v}")).to_string();
+        let members = state["members"].as_array().expect("cluster.json members");
+        let names = members.iter().map(|m| text(&m["name"])).collect();
         let tls = state["tls"].as_object().map(|t| TlsPaths {
             ca: text(&t["ca"]).into(),
             cert: text(&t["cert"]).into(),
