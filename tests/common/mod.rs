@@ -2,6 +2,7 @@
 #![allow(dead_code)] // each test binary uses a different subset
 
 pub mod cluster;
+pub mod etcd;
 pub mod gpus;
 
 #[path = "../../fake-nvml/tests/support/mod.rs"]
