@@ -19,7 +19,7 @@ use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
 use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
-use crate::store::remote::RemoteStore;
+use crate::store::RdzvStore;
 use crate::store::tcp::Server;
 use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
@@ -150,7 +150,7 @@ pub(super) struct Work {
     pub(super) hostname: String,
     pub(super) logs: RunLogs,
     pub(super) hosted: Option<Server>,
-    pub(super) rendezvous: Rendezvous<RemoteStore>,
+    pub(super) rendezvous: Rendezvous<RdzvStore>,
     pub(super) worker_store: WorkerStore,
     pub(super) spares: WarmSpares,
     pub(super) gpus: Option<Gpus>,
@@ -209,7 +209,7 @@ impl Agent {
             shared_with_rendezvous: matches!(cfg.rendezvous, RdzvMode::Static { .. }),
             addr: match &cfg.rendezvous {
                 RdzvMode::Static { master_addr, .. } => master_addr.clone(),
-                RdzvMode::C10d { .. } => cfg.local_addr.clone(),
+                RdzvMode::C10d { .. } | RdzvMode::Etcd(_) => cfg.local_addr.clone(),
             },
         };
         let work = Work {
@@ -435,7 +435,11 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         keep_alive_interval: r.keep_alive_interval,
         keep_alive_max_attempt: r.keep_alive_max_attempt,
         heartbeat_timeout: r.heartbeat_timeout,
-        store_timeout: r.read_timeout,
+        // etcd outlives any node: wait for it as long as a rendezvous may take (training goes on meanwhile).
+        store_timeout: match cfg.rendezvous {
+            RdzvMode::Etcd(_) => r.join_timeout,
+            _ => r.read_timeout,
+        },
         node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
         strict_rank: static_rdzv,
     }
@@ -458,7 +462,7 @@ fn fingerprint(cfg: &LaunchConfig) -> Fingerprint {
     }
 }
 
-fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RemoteStore>, hosted: bool, logs: &RunLogs) {
+fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RdzvStore>, hosted: bool, logs: &RunLogs) {
     tracing::info!(
         "muster {}: nnodes={}:{} nproc_per_node={} rdzv_backend={} rdzv_store={}{} run_id={} max_restarts={} \
          log_dir={} entrypoint={}",
@@ -467,7 +471,7 @@ fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RemoteStore>, hosted: bool
         cfg.max_nodes,
         cfg.nproc_per_node,
         cfg.rdzv_backend,
-        rendezvous.store().addr(),
+        rendezvous.store().describe(),
         if hosted { " (hosted here)" } else { "" },
         cfg.run_id,
         cfg.max_restarts,

@@ -60,7 +60,17 @@ impl AgentError {
     /// a TCPStore, or a job token the store refuses. Both stay the same on every retry: a wrapper that
     /// retries an agent that failed (exit 1) should not retry these.
     pub fn is_bad_input(&self) -> bool {
-        let bad = |e: &StoreError| matches!(e, StoreError::NotAStore { .. } | StoreError::WrongToken { .. });
+        let bad = |e: &StoreError| {
+            matches!(
+                e,
+                StoreError::NotAStore { .. }
+                    | StoreError::WrongToken { .. }
+                    | StoreError::NotEtcd { .. }
+                    | StoreError::EtcdAuth { .. }
+                    | StoreError::Tls { .. }
+                    | StoreError::BadSetting { .. }
+            )
+        };
         match self {
             AgentError::Store(e) | AgentError::Rendezvous(RdzvError::Store(e)) => bad(e),
             _ => false,

@@ -16,6 +16,7 @@ mod entrypoint;
 mod logs;
 mod parse;
 mod rdzv;
+pub mod etcd;
 pub mod token;
 
 pub use entrypoint::{find_program, Entrypoint};
@@ -54,6 +55,8 @@ pub struct LaunchConfig {
     pub rdzv: RdzvConf,
     /// The job token agents present to the rendezvous store (`MUSTER_RDZV_TOKEN` or `token_file=`).
     pub token: Option<token::Token>,
+    /// etcd's user and password (`MUSTER_ETCD_USER`, `MUSTER_ETCD_PASSWORD`).
+    pub etcd_credentials: Option<crate::store::etcd::Credentials>,
     pub node_rank: u32,
     pub max_restarts: u32,
     pub role: String,
@@ -176,6 +179,7 @@ impl LaunchConfig {
             run_id,
             rdzv,
             token,
+            etcd_credentials: etcd::credentials(host.env)?,
             node_rank: cli.node_rank,
             max_restarts: cli.max_restarts,
             role: cli.role.clone(),
@@ -245,7 +249,8 @@ mod tests {
             (&["/nonexistent/train.py"], "/nonexistent/train.py"),
             (&["--nnodes", "2", "--node-rank", "2", "--master-port", "1", "/bin/true"], "--node-rank"),
             (&["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "/bin/true"], "is_host"),
-            (&["--rdzv-backend", "etcd", "--rdzv-endpoint", "h:1", "/bin/true"], "etcd"),
+            (&["--rdzv-backend", "etcd", "--rdzv-conf", "protocol=https", "--rdzv-endpoint", "h:1", "/bin/true"], "cacert"),
+            (&["--rdzv-backend", "etcd-v4", "--rdzv-endpoint", "h:1", "/bin/true"], "--rdzv-backend"),
             (&["--rdzv-endpoint", ":", "/bin/true"], "--rdzv-endpoint"),
             (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
             (&[], "script is missing"),

@@ -231,6 +231,9 @@ pub enum Rendezvous {
     /// static: the store at `MASTER_ADDR:MASTER_PORT`, hosted by node rank 0 and shared with the workers;
     /// every node must be there (`--nnodes N`) and `--node-rank` is the group rank.
     Static { master_addr: String, master_port: u16 },
+    /// etcd v3: the rendezvous in etcd (no node hosts it); the group-rank-0 agent serves the workers'
+    /// store, as with c10d.
+    Etcd(super::etcd::EtcdTarget),
 }
 
 /// Host and port of `--rdzv-endpoint` as torch's `parse_rendezvous_endpoint` splits and checks them: an empty
@@ -310,13 +313,9 @@ pub(super) fn resolve(cli: &Cli, max_nodes: u32, conf: &RdzvConf) -> Result<(Str
             let is_host = if standalone { Some(true) } else { conf.is_host };
             Rendezvous::C10d { host, port: port.unwrap_or(29400), is_host }
         }
-        "etcd" | "etcd-v2" => {
-            return Err(bad(format!(
-                "'--rdzv-backend {backend}' is not available in this muster version yet; use c10d or static"
-            )))
-        }
+        "etcd" | "etcd-v2" | "etcd-v3" => Rendezvous::Etcd(super::etcd::target(&endpoint, conf)?),
         other => {
-            return Err(bad(format!("invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd or etcd-v2")))
+            return Err(bad(format!("invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd, etcd-v2 or etcd-v3")))
         }
     };
     if cli.node_rank != 0 && backend != "static" {

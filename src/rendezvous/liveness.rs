@@ -30,13 +30,26 @@ impl<S: Store> Rendezvous<S> {
         let write_timeout = self.settings.heartbeat_timeout;
         self.heartbeat = Some(tokio::spawn(async move {
             let mut beat: u64 = 0;
+            // Said once per run of failures: an outage of the store is not a line every interval.
+            let mut failing = false;
             loop {
                 beat += 1;
-                match tokio::time::timeout(write_timeout, store.beat(&key, beat.to_string().as_bytes())).await {
-                    Ok(Ok(())) => {}
-                    Ok(Err(e)) => tracing::warn!("heartbeat write failed: {e}"),
-                    Err(_) => tracing::warn!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"),
+                let failure = match tokio::time::timeout(write_timeout, store.beat(&key, beat.to_string().as_bytes())).await {
+                    Ok(Ok(())) => None,
+                    // The store's client says when it cannot reach the store.
+                    Ok(Err(e)) => {
+                        let e = RdzvError::Store(e);
+                        (!is_connection_error(&e)).then(|| format!("heartbeat write failed: {e}")).map_or(Some(None), |w| Some(Some(w)))
+                    }
+                    Err(_) => Some(Some(format!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"))),
+                };
+                let failed = failure.is_some();
+                match failure {
+                    None if failing => tracing::debug!("heartbeats are written again"),
+                    Some(Some(why)) if !failing => tracing::warn!("{why}"),
+                    _ => {}
                 }
+                failing = failed;
                 tokio::time::sleep(every).await;
             }
         }));

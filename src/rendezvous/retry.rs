@@ -28,6 +28,7 @@ pub(super) fn is_connection_error(e: &RdzvError) -> bool {
                 | StoreError::Timeout { .. }
                 | StoreError::Connect { .. }
                 | StoreError::Broken { .. }
+                | StoreError::Unreachable { .. }
         )
     )
 }
@@ -79,7 +80,11 @@ impl Retry {
         let jitter = (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0;
         match decide(&e, self.attempt, jitter, now, deadline) {
             Next::Retry(wait) => {
-                if self.attempt == 0 {
+                // etcd's client says an outage itself, once for all its users.
+                let said = matches!(e, RdzvError::Store(StoreError::Unreachable { .. }));
+                if self.attempt == 0 && said {
+                    tracing::debug!("etcd does not answer while {} ({e}); retrying", self.what);
+                } else if self.attempt == 0 {
                     tracing::warn!(
                         "the rendezvous store does not answer while {} ({e}); retrying for up to read_timeout ({:?})",
                         self.what,
@@ -127,6 +132,9 @@ mod tests {
             (store(StoreError::Timeout { addr, op: "add", timeout: d }), true),
             (store(StoreError::Connect { addr, timeout: d, last: "refused".into() }), true),
             (store(StoreError::Broken { addr }), true),
+            (store(StoreError::Unreachable { endpoints: "e".into(), op: "get", last: "refused".into() }), true),
+            (store(StoreError::Etcd { endpoint: "e".into(), code: 3, message: "bad".into() }), false),
+            (store(StoreError::Tls { endpoint: "e".into(), reason: "no cert".into() }), false),
             (store(StoreError::WrongToken { addr }), false),
             (store(StoreError::NotAStore { addr, answer: "it answered garbage" }), false),
             (store(StoreError::Handshake { addr, expected: 1, got: 2 }), false),

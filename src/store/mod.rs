@@ -5,9 +5,11 @@ mod kv;
 pub mod memory;
 pub mod remote;
 mod standalone;
+mod either;
 pub mod etcd;
 pub mod tcp;
 
+pub use either::RdzvStore;
 pub use error::StoreError;
 pub use kv::{Store, WatchEvent, WatchEventKind, WatchTarget};
 pub use standalone::{run_standalone, store_main};

@@ -5,9 +5,10 @@
 
 use std::path::Path;
 
-/// The agent's own variables that never reach a worker: the job token (training code often logs its whole
+/// The agent's own variables that never reach a worker: the job token and etcd's credentials (training code often logs its whole
 /// environment, and a worker holding the token could act as an agent of the job; docs/security.md).
-pub const WITHHELD: &[&str] = &[crate::config::token::TOKEN_ENV];
+pub const WITHHELD: &[&str] =
+    &[crate::config::token::TOKEN_ENV, crate::config::etcd::USER_ENV, crate::config::etcd::PASSWORD_ENV];
 
 /// What one start of the worker group is: the rendezvous result and the attempt.
 #[derive(Debug, Clone, PartialEq, Eq)]

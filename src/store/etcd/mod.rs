@@ -83,6 +83,11 @@ impl EtcdStore {
         })
     }
 
+    /// The members' URLs, comma-separated.
+    pub fn endpoints(&self) -> &str {
+        &self.cluster.named
+    }
+
     fn full(&self, key: &str) -> Vec<u8> {
         let mut full = Vec::with_capacity(self.namespace.len() + key.len());
         full.extend_from_slice(self.namespace.as_bytes());
