@@ -113,10 +113,12 @@ pub enum ContextError {
     Hostlist { context: &'static str, var: String, source: hostlist::HostlistError },
 }
 
+/// One scheduler's reading of the environment.
+type Probe = fn(Env) -> Result<Option<LaunchContext>, ContextError>;
+
 /// The launch context this agent runs in, if any.
 pub fn detect(env: Env) -> Result<Option<LaunchContext>, ContextError> {
-    let probes: [fn(Env) -> Result<Option<LaunchContext>, ContextError>; 5] =
-        [slurm::detect, k8s::pytorch_job, k8s::volcano, k8s::indexed_job, mpi::detect];
+    let probes: [Probe; 5] = [slurm::detect, k8s::pytorch_job, k8s::volcano, k8s::indexed_job, mpi::detect];
     for probe in probes {
         if let Some(context) = probe(env)? {
             return Ok(Some(context));
