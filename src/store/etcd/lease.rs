@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::cluster::Cluster;
-use super::wire::{self, LeaseReply};
+use super::wire::{self, KeepaliveReply, LeaseReply};
 use crate::store::StoreError;
 
 #[derive(Default)]
@@ -109,8 +109,8 @@ impl Session {
     async fn refresh(self: &Arc<Self>) -> Result<(), StoreError> {
         let Some(lease) = self.state().lease else { return Ok(()) };
         let deadline = Instant::now() + self.ttl / 3;
-        let reply: LeaseReply = self.cluster.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }), deadline).await?;
-        if reply.ttl > 0 {
+        let reply: KeepaliveReply = self.cluster.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }), deadline).await?;
+        if reply.result.ttl > 0 {
             return Ok(());
         }
         self.lost(lease);

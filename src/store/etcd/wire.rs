@@ -118,6 +118,13 @@ pub struct LeaseReply {
     pub ttl: i64,
 }
 
+/// A keepalive's answer: the gateway wraps the (streamed) reply in `result`.
+#[derive(Debug, Default, Clone, PartialEq, Deserialize)]
+pub struct KeepaliveReply {
+    #[serde(default)]
+    pub result: LeaseReply,
+}
+
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]
 pub struct StatusReply {
     #[serde(default)]
@@ -336,8 +343,10 @@ mod tests {
         assert!(failed.responses[0].response_range.as_ref().unwrap().kvs.is_empty());
         let lost: LeaseReply = serde_json::from_str(r#"{"header":{"revision":"4"}, "ID":"7587862234186536197"}"#).unwrap();
         assert_eq!((lost.id, lost.ttl), (7587862234186536197, 0));
-        let alive: LeaseReply = serde_json::from_str(r#"{"ID":"5","TTL":"10"}"#).unwrap();
-        assert_eq!(alive.ttl, 10);
+        let alive: KeepaliveReply = serde_json::from_str(r#"{"result":{"header":{"revision":"4"},"ID":"5","TTL":"10"}}"#).unwrap();
+        assert_eq!(alive.result.ttl, 10);
+        let expired: KeepaliveReply = serde_json::from_str(r#"{"result":{"header":{"revision":"4"},"ID":"5"}}"#).unwrap();
+        assert_eq!(expired.result.ttl, 0);
         let err: ErrorReply =
             serde_json::from_str(r#"{"error":"etcdserver: requested lease not found","message":"etcdserver: requested lease not found","code":5}"#)
                 .unwrap();
