@@ -7,6 +7,7 @@ pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod doctor;
+pub mod exit;
 pub mod gpu;
 pub mod host;
 pub mod limits;

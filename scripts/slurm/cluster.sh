@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A two-node Slurm cluster on this machine, everything under DIR: munge with its own key and socket,
-# slurm.conf with free ports of its own, slurmctld and two slurmd (n1, n2, both at 127.0.0.1).
+# slurm.conf with free ports of its own, slurmctld and two slurmd. The nodes are named by loopback addresses
+# (127.0.0.1 and 127.0.0.2, both this machine on Linux) so that the job's node list, from which a launcher
+# takes its rendezvous endpoint, resolves without touching /etc/hosts; on a real cluster node names resolve.
 #   scripts/slurm/cluster.sh start DIR   # prints the SLURM_CONF to export; waits until both nodes are idle
 #   scripts/slurm/cluster.sh stop DIR    # stops only what `start DIR` started
 # Needs slurm-wlm and munge (scripts/lib.sh: ensure_slurm).
@@ -12,6 +14,8 @@ cmd=$1
 dir=$(realpath -m "$2")
 export SLURM_CONF="$dir/slurm.conf"
 sock="$dir/munge/munge.socket"
+N1=127.0.0.1
+N2=127.0.0.2
 # How long the cluster may take to come up (it takes about a second here).
 START_DEADLINE_S=${SLURM_START_DEADLINE_S:-30}
 
@@ -61,9 +65,9 @@ SlurmdLogFile=$dir/%n.log
 KillWait=5
 ReturnToService=2
 SlurmdParameters=config_overrides
-NodeName=n1 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$n1 CPUs=2 RealMemory=1000
-NodeName=n2 NodeHostname=$(hostname) NodeAddr=127.0.0.1 Port=$n2 CPUs=2 RealMemory=1000
-PartitionName=debug Nodes=n[1-2] Default=YES OverSubscribe=YES MaxTime=INFINITE State=UP
+NodeName=$N1 NodeHostname=$(hostname) NodeAddr=$N1 Port=$n1 CPUs=2 RealMemory=1000
+NodeName=$N2 NodeHostname=$(hostname) NodeAddr=$N2 Port=$n2 CPUs=2 RealMemory=1000
+PartitionName=debug Nodes=$N1,$N2 Default=YES OverSubscribe=YES MaxTime=INFINITE State=UP
 CONF
 }
 
@@ -82,8 +86,8 @@ start() {
         --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/munged.seed"
     write_conf
     slurmctld -i
-    slurmd -N n1
-    slurmd -N n2
+    slurmd -N "$N1"
+    slurmd -N "$N2"
     local deadline=$((SECONDS + START_DEADLINE_S)) states=""
     while [ $SECONDS -lt $deadline ]; do
         states=$(sinfo -h -N -o %t 2>/dev/null | sort -u | tr '\n' ' ') || true
@@ -115,8 +119,8 @@ stop() {
     # scontrol shutdown ends slurmctld and every slurmd of this cluster (and so their steps); the pid files
     # cover a controller that no longer answers.
     timeout 10 scontrol shutdown >/dev/null 2>&1 || true
-    kill_pidfile "$dir/slurmd.n1.pid"
-    kill_pidfile "$dir/slurmd.n2.pid"
+    kill_pidfile "$dir/slurmd.$N1.pid"
+    kill_pidfile "$dir/slurmd.$N2.pid"
     kill_pidfile "$dir/slurmctld.pid"
     if [ -S "$sock" ]; then
         munged -s --socket="$sock" >/dev/null 2>&1 || kill_pidfile "$dir/munge/munged.pid"
