@@ -58,9 +58,18 @@ pub fn plan_main(args: &[String]) -> i32 {
             return 2;
         }
     };
+    // What the agent would take from the scheduler here (without the flags a launch would add).
+    let context = match crate::context::detect(&|k| std::env::var(k).ok()) {
+        Ok(c) => c.map(|c| c.to_string()),
+        Err(e) => {
+            eprintln!("muster plan: error: {e}");
+            return 2;
+        }
+    };
+    let context = context.as_deref();
     let planned = match placement::compute(nproc, numa, args.gpus.as_deref(), &BTreeSet::new(), args.virtual_local_rank) {
         Ok(Placed::Gpus(p)) => p,
-        Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason),
+        Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason, context),
         Err(e @ (PlacementError::GpuLost(_) | PlacementError::System(_))) => {
             eprintln!("muster plan: error: {e}");
             return 1;
@@ -74,14 +83,26 @@ pub fn plan_main(args: &[String]) -> i32 {
         eprintln!("muster plan: warning: {w}");
     }
     if args.format == "json" {
-        return print_json(&planned.plan);
+        return print_json(&planned.plan, context);
     }
-    print!("{}", table(&planned));
+    print!("{}{}", context_line(context), table(&planned));
     0
 }
 
-fn print_json(value: &impl serde::Serialize) -> i32 {
-    match serde_json::to_string_pretty(value) {
+/// The launch context as the agent's banner says it, on a line of its own (none: nothing).
+fn context_line(context: Option<&str>) -> String {
+    context.map(|c| format!("launch context {c}\n")).unwrap_or_default()
+}
+
+/// The plan as JSON, with `"context"`: the launch context's line, or null.
+fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
+    let value = serde_json::to_value(value).map(|mut v| {
+        if let serde_json::Value::Object(fields) = &mut v {
+            fields.insert("context".into(), context.into());
+        }
+        v
+    });
+    match value.and_then(|v| serde_json::to_string_pretty(&v)) {
         Ok(text) => {
             println!("{text}");
             0
@@ -96,7 +117,7 @@ fn print_json(value: &impl serde::Serialize) -> i32 {
 /// The plan on a host without NVIDIA GPUs, each rank inheriting this process's CPUs and no GPU. As the
 /// launcher counts workers there: `--nproc-per-node N`, `auto` one per CPU this process may use, no flag 1
 /// (the launcher's default), and `gpu` is an error.
-fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str) -> i32 {
+fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> i32 {
     if args.numa_binding.is_some() || args.gpus.is_some() {
         eprintln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
         return 2;
@@ -122,10 +143,11 @@ fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str) -> i32 {
             })
             .collect();
         let plan = serde_json::json!({ "numa_binding": null, "ranks": ranks, "visible_devices": null, "no_gpu": reason });
-        return print_json(&plan);
+        return print_json(&plan, context);
     }
     let cpus = cpus.as_deref().map_or_else(|| "inherit".to_string(), |c| format!("{} (inherited)", format_cpulist(c)));
-    let mut out = format!("no GPU placement: {reason}\nnumber of workers: {n}; CUDA_VISIBLE_DEVICES not set\n");
+    let mut out = context_line(context);
+    out.push_str(&format!("no GPU placement: {reason}\nnumber of workers: {n}; CUDA_VISIBLE_DEVICES not set\n"));
     out.push_str(&row(["local_rank", "gpu", "uuid", "pci", "numa", "link_prev", "cpus", "nic"]));
     for r in 0..n {
         out.push_str(&row([&r.to_string(), "-", "-", "-", "-", "-", &cpus, "-"]));

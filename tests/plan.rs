@@ -28,7 +28,11 @@ fn plan(machine: &Box8, args: &[&str], env: &[(&str, &str)]) -> (i32, String, St
         .env("FAKE_NVML_EVENTS_FILE", dir.path().join("events"))
         .env("MUSTER_SYSFS_ROOT", fake_nvml::fixture(machine.sysfs));
     // The test host's own GPU selection must not leak in.
-    for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "NVIDIA_VISIBLE_DEVICES"] {
+    // Nor its launch context (docs/contexts.md).
+    for var in ["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "NVIDIA_VISIBLE_DEVICES", "SLURM_JOB_ID", "SLURM_JOBID"]
+        .into_iter()
+        .chain(["MASTER_ADDR", "VC_TASK_INDEX", "VK_TASK_INDEX", "JOB_COMPLETION_INDEX", "OMPI_COMM_WORLD_RANK", "PMIX_RANK"])
+    {
         cmd.env_remove(var);
     }
     for (k, v) in env {
@@ -194,6 +198,30 @@ fn table_output() {
     assert_eq!(code, 0, "{stderr}");
     assert!(stdout.contains("CUDA_VISIBLE_DEVICES=0,4,1,5,2,6,3,7"), "{stdout}");
     assert!(stdout.contains("0-7,16-23") && stdout.contains("n/a"), "{stdout}");
+}
+
+#[test]
+fn the_launch_context_is_shown_as_the_agent_would_take_it() {
+    let slurm = [
+        ("SLURM_JOB_ID", "812"),
+        ("SLURM_STEP_ID", "3"),
+        ("SLURM_NNODES", "2"),
+        ("SLURM_NODEID", "1"),
+        ("SLURM_STEP_GPUS", "2,3"),
+        ("SLURM_JOB_NODELIST", "gpu[007-008]"),
+    ];
+    let (code, stdout, stderr) = plan(&PCIE, &[], &slurm);
+    assert_eq!(code, 0, "{stderr}");
+    let first = stdout.lines().next().unwrap_or_default();
+    assert_eq!(
+        first,
+        "launch context slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_endpoint=gpu007:29400 \
+         (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID)"
+    );
+    assert!(stdout.contains("2 of 8 GPUs usable (SLURM_STEP_GPUS=2,3)"), "{stdout}");
+    let p = plan_json(&PCIE, &[], &slurm);
+    assert!(p["context"].as_str().is_some_and(|c| c.starts_with("slurm: nnodes=2")), "{p}");
+    assert!(plan_json(&PCIE, &[], &[])["context"].is_null());
 }
 
 /// `muster plan` where NVML cannot be loaded, or loads and reports no GPU (args, env); (code, stdout, stderr).

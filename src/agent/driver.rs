@@ -462,7 +462,7 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         keep_alive_max_attempt: r.keep_alive_max_attempt,
         heartbeat_timeout: r.heartbeat_timeout,
         store_timeout: r.read_timeout,
-        node_rank: (static_rdzv || cfg.node_rank != 0).then_some(cfg.node_rank),
+        node_rank: cfg.pref_rank,
         strict_rank: static_rdzv,
     }
 }
@@ -500,6 +500,9 @@ fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RemoteStore>, hosted: bool
         logs.run_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "/dev/null".into()),
         cfg.entrypoint.name,
     );
+    if let Some(context) = &cfg.context {
+        tracing::info!("launch context {context}");
+    }
     if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
         tracing::warn!(
             "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your \

@@ -50,8 +50,16 @@ fn port(s: &str) -> Result<u16, String> {
         .map_err(|_| format!("must be a port number in 0..=65535, got '{s}'"))
 }
 
+/// Where a value of the command line came from, when the user gave it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Given {
+    Flag,
+    /// Its `PET_*` variable.
+    Env,
+}
+
 /// The launcher's command line, as torchrun declares it.
-#[derive(Debug, Parser)]
+#[derive(Debug, Clone, Parser)]
 #[command(
     name = "muster",
     version,
@@ -245,6 +253,18 @@ pub struct Cli {
     /// The training script (or module, or binary), then its arguments, passed through untouched.
     #[arg(value_name = "SCRIPT [ARGS]...", trailing_var_arg = true, allow_hyphen_values = true)]
     pub command: Vec<String>,
+
+    /// The options the user gave (by field name), and how; the others have their defaults. A launch context
+    /// (`context::fill`) fills only those not given.
+    #[arg(skip)]
+    pub given: std::collections::BTreeMap<String, Given>,
+}
+
+impl Cli {
+    /// How the user gave the option whose field is `id` (None: it has its default).
+    pub fn given(&self, id: &str) -> Option<Given> {
+        self.given.get(id).copied()
+    }
 }
 
 /// The launcher's command line (`args[0]` is the program name), read as torchrun's argparse reads it: a
@@ -256,7 +276,16 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
     let normalized =
         argv::normalize(&cmd, rest).map_err(|e| cmd.error(clap::error::ErrorKind::UnknownArgument, e))?;
     let matches = cmd.try_get_matches_from(std::iter::once(program.to_string()).chain(normalized))?;
-    Cli::from_arg_matches(&matches)
+    let mut cli = Cli::from_arg_matches(&matches)?;
+    cli.given = matches
+        .ids()
+        .filter_map(|id| match matches.value_source(id.as_str()) {
+            Some(clap::parser::ValueSource::CommandLine) => Some((id.to_string(), Given::Flag)),
+            Some(clap::parser::ValueSource::EnvVariable) => Some((id.to_string(), Given::Env)),
+            _ => None,
+        })
+        .collect();
+    Ok(cli)
 }
 
 /// Parses the arguments of a tool subcommand (`muster NAME ARGS...`, `args` after NAME): the arguments, or
@@ -396,6 +425,15 @@ mod tests {
             }
         }
         assert!(completion_script("tcsh").contains(" nproc_per_node "), "underscore spellings too");
+    }
+
+    #[test]
+    fn given_options_are_known_by_field_name() {
+        let c = parse(&["--nnodes", "2", "--rdzv_id=x", "x.py"]).unwrap();
+        assert_eq!(c.given("nnodes"), Some(Given::Flag));
+        assert_eq!(c.given("rdzv_id"), Some(Given::Flag));
+        assert_eq!(c.given("node_rank"), None);
+        assert_eq!(c.given("standalone"), None);
     }
 
     #[test]

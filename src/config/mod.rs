@@ -54,7 +54,13 @@ pub struct LaunchConfig {
     pub rdzv: RdzvConf,
     /// The job token agents present to the rendezvous store (`MUSTER_RDZV_TOKEN` or `token_file=`).
     pub token: Option<token::Token>,
+    /// static's group rank (`--node-rank`, or the scheduler's).
     pub node_rank: u32,
+    /// The rank this agent asks of the rendezvous: static's group rank; with c10d a preference among
+    /// newcomers (`--node-rank` given, or the scheduler's node rank). None: join order.
+    pub pref_rank: Option<u32>,
+    /// What this launch took from the scheduler's environment (`context`), for the banner.
+    pub context: Option<crate::context::Filled>,
     pub max_restarts: u32,
     pub role: String,
     pub entrypoint: Entrypoint,
@@ -136,8 +142,20 @@ pub struct Host<'a> {
 
 impl LaunchConfig {
     pub fn from_cli(cli: &Cli, host: &Host) -> Result<LaunchConfig, ConfigError> {
+        // The scheduler's values where the user gave none (`context`); nothing changes without one.
+        let detected = crate::context::detect(host.env).map_err(|e| bad(e.to_string()))?;
+        let (filled_cli, mut context) = detected.map(|c| crate::context::fill(cli, &c)).unzip();
+        let cli = filled_cli.as_ref().unwrap_or(cli);
+        let cpus = context.as_ref().and_then(|f| f.cpus.as_ref()).map(|c| c.value as usize);
+        let host = &Host { cpu_count: cpus.unwrap_or(host.cpu_count), ..*host };
+
         let (min_nodes, max_nodes) = parse_nnodes(&cli.nnodes)?;
         let nproc_per_node = parse::parse_nproc(&cli.nproc_per_node, host)?;
+        if let Some(f) = context.as_mut() {
+            let spec = cli.nproc_per_node.trim();
+            f.note_nproc(spec, nproc_per_node, spec == "auto" && (host.gpu_count)().is_ok_and(|n| n > 0));
+        }
+        let rank_from_context = context.as_ref().is_some_and(|f| f.node_rank);
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
         let token = token::resolve(rdzv.token_file.as_deref(), token::RDZV_CONF_FLAG, (host.env)(token::TOKEN_ENV))?;
         let signals = parse_signals(&cli.signals_to_handle)?;
@@ -151,7 +169,8 @@ impl LaunchConfig {
         if let Some(addr) = cli.local_addr.as_deref().filter(|a| a.is_empty() || a.contains(char::is_whitespace)) {
             return Err(bad(format!("invalid value '{addr}' for '--local-addr': use a host name or address (no spaces)")));
         }
-        let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv)?;
+        let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv, rank_from_context)?;
+        let asks_rank = matches!(rendezvous, Rendezvous::Static { .. }) || cli.given("node_rank").is_some();
         let logs = LogConfig::from_cli(cli, host)?;
 
         let shutdown_timeout = match cli.shutdown_timeout {
@@ -177,6 +196,8 @@ impl LaunchConfig {
             rdzv,
             token,
             node_rank: cli.node_rank,
+            pref_rank: (asks_rank || rank_from_context).then_some(cli.node_rank),
+            context,
             max_restarts: cli.max_restarts,
             role: cli.role.clone(),
             entrypoint,
@@ -209,7 +230,11 @@ mod tests {
     }
 
     fn config(args: &[&str]) -> Result<LaunchConfig, ConfigError> {
-        let env = host_env(&[]);
+        config_in(&[], args)
+    }
+
+    fn config_in(vars: &'static [(&'static str, &'static str)], args: &[&str]) -> Result<LaunchConfig, ConfigError> {
+        let env = host_env(vars);
         let host = Host { env: &env, gpu_count: &|| Err("no driver".into()), cpu_count: 4, fqdn: &|| "node0".into() };
         let argv: Vec<String> = std::iter::once("muster").chain(args.iter().copied()).map(String::from).collect();
         let cli = crate::cli::parse(&argv).unwrap();
@@ -279,5 +304,49 @@ mod tests {
     fn nproc_auto_falls_back_to_cpus() {
         let c = config(&["--nproc-per-node", "auto", "--no-python", "true"]).unwrap();
         assert_eq!(c.nproc_per_node, 4);
+    }
+
+    #[test]
+    fn a_slurm_step_fills_what_the_user_left_out() {
+        const SLURM: &[(&str, &str)] = &[
+            ("SLURM_JOB_ID", "812"),
+            ("SLURM_STEP_ID", "3"),
+            ("SLURM_NNODES", "2"),
+            ("SLURM_NODEID", "1"),
+            ("SLURM_JOB_NODELIST", "gpu[007-008]"),
+            ("SLURM_CPUS_ON_NODE", "6"),
+        ];
+        let c = config_in(SLURM, &["--nproc-per-node", "cpu", "--no-python", "true"]).unwrap();
+        assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (2, 2, 6));
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "gpu007".into(), port: 29400, is_host: None });
+        assert_eq!((c.run_id.as_str(), c.pref_rank), ("812.3", Some(1)));
+        assert_eq!(
+            c.context.unwrap().to_string(),
+            "slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_backend=c10d (SLURM_JOB_NODELIST) \
+             rdzv_endpoint=gpu007:29400 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID) \
+             nproc_per_node=6 (SLURM_CPUS_ON_NODE)"
+        );
+        // Flags win.
+        let c = config_in(SLURM, &["--nnodes", "1:3", "--rdzv-id", "mine", "--no-python", "true"]).unwrap();
+        assert_eq!((c.min_nodes, c.max_nodes, c.run_id.as_str()), (1, 3, "mine"));
+    }
+
+    #[test]
+    fn without_a_context_a_rank_is_asked_only_when_given() {
+        let c10d = ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", "--no-python", "true"];
+        let c = config(&c10d).unwrap();
+        assert_eq!((c.pref_rank, c.context.is_none()), (None, true));
+        let c = config(&[&["--node-rank", "0"][..], &c10d].concat()).unwrap();
+        assert_eq!(c.pref_rank, Some(0));
+        let c = config(&["--nnodes", "2", "--master-port", "1", "--no-python", "true"]).unwrap();
+        assert_eq!(c.pref_rank, Some(0), "static: the node rank is the group rank");
+    }
+
+    #[test]
+    fn an_unusable_scheduler_variable_is_bad_input() {
+        let e = config_in(&[("SLURM_JOB_ID", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_NODEID", "x")], &["/bin/true"])
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("SLURM_NODEID='x' (from the slurm launch context)"), "{e}");
     }
 }

@@ -273,7 +273,13 @@ pub fn parse_endpoint(endpoint: &str) -> Result<(String, Option<u16>), ConfigErr
 /// The backend as torchrun reports it, the rendezvous, and the run id. torchrun 2.15: `--standalone`, and the
 /// implicit standalone of a single-node static job with no endpoint and no master port, both become c10d on
 /// `localhost:0` with a fresh run id.
-pub(super) fn resolve(cli: &Cli, max_nodes: u32, conf: &RdzvConf) -> Result<(String, Rendezvous, String), ConfigError> {
+/// `rank_from_context`: the node rank is the scheduler's, which c10d prefers as the group rank (no warning).
+pub(super) fn resolve(
+    cli: &Cli,
+    max_nodes: u32,
+    conf: &RdzvConf,
+    rank_from_context: bool,
+) -> Result<(String, Rendezvous, String), ConfigError> {
     let implicit_standalone = !cli.standalone
         && cli.rdzv_backend == "static"
         && cli.rdzv_endpoint.is_empty()
@@ -319,7 +325,7 @@ pub(super) fn resolve(cli: &Cli, max_nodes: u32, conf: &RdzvConf) -> Result<(Str
             return Err(bad(format!("invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd or etcd-v2")))
         }
     };
-    if cli.node_rank != 0 && backend != "static" {
+    if cli.node_rank != 0 && backend != "static" && !rank_from_context {
         tracing::warn!("--node-rank is only used by the static rendezvous backend; ignoring it");
     }
     Ok((backend, rendezvous, run_id))
