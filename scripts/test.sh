@@ -5,6 +5,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_venv
+ensure_slurm
+
+# A two-node Slurm cluster for tests/slurm.rs, stopped however this script ends.
+slurm_dir=$(mktemp -d "${TMPDIR:-/tmp}/muster-slurm.XXXXXX")
+trap 'scripts/slurm/cluster.sh stop "$slurm_dir"; rm -rf "$slurm_dir"' EXIT
+SLURM_CONF=$(scripts/slurm/cluster.sh start "$slurm_dir")
+export SLURM_CONF
 
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
