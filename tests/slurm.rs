@@ -6,11 +6,21 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use common::*;
 
 const LONG: Duration = Duration::from_secs(180);
+
+/// One job at a time: every step's agents take the context's default endpoint, the first node's port 29400,
+/// and here both nodes are one machine, so a concurrent job's agents would share (and outlive, or not) the
+/// store one of them hosts.
+static ONE_JOB: Mutex<()> = Mutex::new(());
+
+fn one_job() -> MutexGuard<'static, ()> {
+    ONE_JOB.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
 
 /// The cluster's config; the test fails (never skips) without a running cluster.
 fn slurm_conf() -> PathBuf {
@@ -89,6 +99,7 @@ fn assert_nothing_left(dir: &Path) {
 
 #[test]
 fn srun_trains_with_no_rendezvous_flags() {
+    let _one = one_job();
     let dir = tempfile::tempdir().unwrap();
     let ckpt = dir.path().join("ckpt");
     let out = run(
@@ -107,6 +118,7 @@ fn srun_trains_with_no_rendezvous_flags() {
 
 #[test]
 fn group_rank_is_slurm_nodeid_and_the_run_id_is_job_dot_step() {
+    let _one = one_job();
     let dir = tempfile::tempdir().unwrap();
     let out = run(
         srun(&job_name("env")).args(["--nproc-per-node", "2"]).arg(fixture("dump_env.py")).arg(dir.path()),
@@ -128,6 +140,7 @@ fn group_rank_is_slurm_nodeid_and_the_run_id_is_job_dot_step() {
 
 #[test]
 fn scancel_usr1_then_scancel_reach_the_workers_in_order_and_the_step_exits_143() {
+    let _one = one_job();
     let dir = tempfile::tempdir().unwrap();
     let name = job_name("preempt");
     let mut cmd = srun(&name);
@@ -161,6 +174,7 @@ fn scancel_usr1_then_scancel_reach_the_workers_in_order_and_the_step_exits_143()
 /// workers go on until `scancel`.
 #[test]
 fn a_batch_warning_is_forwarded_when_listed_and_scancel_ends_the_job_with_143() {
+    let _one = one_job();
     let dir = tempfile::tempdir().unwrap();
     let name = job_name("batch");
     let muster_cmd = format!(
