@@ -83,3 +83,13 @@ ensure_etcd35() {
     export MUSTER_ETCD_35
     echo "$MUSTER_ETCD_35"
 }
+
+# Slurm and munge for tests/slurm.rs (scripts/slurm/cluster.sh runs a two-node cluster on this machine).
+ensure_slurm() {
+    if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
+        && command -v srun >/dev/null 2>&1; then
+        return
+    fi
+    echo "muster: installing slurm-wlm and munge with apt-get (once)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
+}

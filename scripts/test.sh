@@ -9,6 +9,14 @@ ensure_venv
 ensure_etcd
 ensure_etcd35 >/dev/null
 
+ensure_slurm
+
+# A two-node Slurm cluster for tests/slurm.rs, stopped however this script ends.
+slurm_dir=$(mktemp -d "${TMPDIR:-/tmp}/muster-slurm.XXXXXX")
+trap 'scripts/slurm/cluster.sh stop "$slurm_dir"; rm -rf "$slurm_dir"' EXIT
+SLURM_CONF=$(scripts/slurm/cluster.sh start "$slurm_dir")
+export SLURM_CONF
+
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
 cargo clippy --quiet --workspace --all-targets -- -D warnings

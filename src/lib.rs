@@ -8,6 +8,7 @@ pub mod cli;
 pub mod config;
 pub mod context;
 pub mod doctor;
+pub mod exit;
 pub mod gpu;
 pub mod host;
 pub mod limits;

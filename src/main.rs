@@ -1,13 +1,13 @@
 //! The `muster` binary: parse, set up telemetry, run the agent, map the outcome to an exit code.
 //!
-//! Exit codes: 0 success; 1 the workers failed (restarts exhausted) or the agent could not run them; 2 bad
-//! input (one line naming the flag); 128+N when stopped by signal N after forwarding it to the workers.
+//! Exit codes: `muster::exit` (docs/exit-codes.md).
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
 use muster::agent::{self, Outcome};
 use muster::cli;
+use muster::exit;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::failure;
 use muster::supervisor::reaper::{GuardError, OrphanGuard};
@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         Ok(args) => args,
         Err(bad) => {
             eprintln!("muster: error: argument {:?} is not valid UTF-8; muster takes UTF-8 arguments only", bad);
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     // Before any thread or child exists, so the stores, the orphan guard and the tools all see it.
@@ -34,7 +34,7 @@ fn main() -> ExitCode {
         }
         Err(e) => {
             eprintln!("muster: error: {}", cli::one_line(&e));
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     if let Some(shell) = &cli.print_completion {
@@ -47,11 +47,11 @@ fn main() -> ExitCode {
         Ok(g) => Arc::new(g),
         Err(e @ GuardError::BadSetting(_)) => {
             eprintln!("muster: error: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
         Err(e) => {
             eprintln!("muster: error: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(exit::FAILED);
         }
     };
     muster::telemetry::init();
@@ -67,7 +67,7 @@ fn main() -> ExitCode {
         Ok(cfg) => cfg,
         Err(e) => {
             eprintln!("muster: error: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     // An impossible GPU placement is bad input too: refuse it before anything starts. A possible one makes
@@ -76,14 +76,14 @@ fn main() -> ExitCode {
         Ok(plan) => plan.is_some(),
         Err(e) => {
             eprintln!("muster: error: {e}");
-            return ExitCode::from(2);
+            return ExitCode::from(exit::USAGE);
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("muster: error: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
+            return ExitCode::from(exit::FAILED);
         }
     };
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
@@ -93,34 +93,27 @@ fn main() -> ExitCode {
     guard.end();
     // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
     muster::supervisor::logs::flush_console();
-    match outcome {
-        Ok(Outcome::Succeeded) => ExitCode::SUCCESS,
-        Ok(Outcome::Interrupted(sig)) => ExitCode::from(128 + sig as u8),
-        Ok(Outcome::Drained(fault)) => {
-            eprintln!(
-                "muster: node drained: {} on GPU {} ({}, {}); exiting with {} (node unhealthy)",
-                fault.kind,
-                fault.gpu.index,
-                fault.gpu.uuid,
-                fault.gpu.pci_bus_id,
-                agent::EXIT_NODE_UNHEALTHY
-            );
-            ExitCode::from(agent::EXIT_NODE_UNHEALTHY)
-        }
+    match &outcome {
+        Ok(Outcome::Succeeded | Outcome::Interrupted(_)) => {}
+        Ok(Outcome::Drained(fault)) => eprintln!(
+            "muster: node drained: {} on GPU {} ({}, {}); exiting with {} (node unhealthy)",
+            fault.kind,
+            fault.gpu.index,
+            fault.gpu.uuid,
+            fault.gpu.pci_bus_id,
+            exit::NODE_UNHEALTHY
+        ),
         Ok(Outcome::Failed { name, failures }) => {
-            eprintln!("{}", failure::summary(&name, &failures, &muster::host::fqdn()));
+            eprintln!("{}", failure::summary(name, failures, &muster::host::fqdn()));
             if let (Some(root), Some(dest)) =
-                (failure::root_cause(&failures), std::env::var_os("TORCHELASTIC_ERROR_FILE"))
+                (failure::root_cause(failures), std::env::var_os("TORCHELASTIC_ERROR_FILE"))
             {
                 if let Err(e) = failure::copy_to_agent_error_file(root, std::path::Path::new(&dest)) {
                     eprintln!("muster: cannot write TORCHELASTIC_ERROR_FILE {}: {e}", dest.to_string_lossy());
                 }
             }
-            ExitCode::from(1)
         }
-        Err(e) => {
-            eprintln!("muster: error: {e}");
-            ExitCode::from(if e.is_bad_input() { 2 } else { 1 })
-        }
+        Err(e) => eprintln!("muster: error: {e}"),
     }
+    ExitCode::from(exit::of_outcome(&outcome))
 }

@@ -100,7 +100,7 @@ fn an_error_while_joining_ends_with_one_final_event() {
         ]),
         LONG,
     );
-    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    assert_eq!(out.status.code(), Some(3), "the rendezvous did not complete: {}", out.stderr);
     assert!(out.stderr.contains("timed out"), "{}", out.stderr);
     assert_one_final(&out.stderr, "failed");
 }

@@ -271,7 +271,7 @@ fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
             dir.path().display().to_string(),
         ],
     );
-    assert_eq!(a.exit_code(LONG), Some(1), "{}", a.log());
+    assert_eq!(a.exit_code(LONG), Some(3), "the rendezvous did not complete: {}", a.log());
     let log = a.log();
     assert!(log.contains("127.0.0.1:1") && log.contains("could not reach the store"), "{log}");
     assert!(!dir.path().join("starts").exists(), "no worker may start");
@@ -285,7 +285,7 @@ fn a_killed_store_host_fails_every_agent_clearly_and_leaves_no_orphan() {
     let world = wait_world(job.path(), 2, 2);
     // SAFETY: plain kill(2).
     unsafe { libc::kill(agents[0].guard.pid(), libc::SIGKILL) };
-    assert_eq!(agents[1].exit_code(LONG), Some(1), "{}", agents[1].log());
+    assert_eq!(agents[1].exit_code(LONG), Some(3), "the store was lost: {}", agents[1].log());
     assert!(agents[1].log().contains("lost the connection to the rendezvous store"), "{}", agents[1].log());
     let pids: Vec<i32> = world.iter().map(|s| s.pid).collect();
     assert!(eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))), "orphans: {pids:?}");

@@ -19,6 +19,7 @@ use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
 use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
+use crate::signals::Delivery;
 use crate::store::RdzvStore;
 use crate::store::tcp::Server;
 use crate::supervisor::logs::RunLogs;
@@ -87,7 +88,7 @@ pub fn end_detail(end: &End) -> Value {
 
 /// The inputs that can come in every phase: handled signals and GPU faults.
 struct Ambient {
-    signals: mpsc::UnboundedReceiver<Signal>,
+    signals: mpsc::UnboundedReceiver<Delivery>,
     watcher: Option<Watcher>,
 }
 
@@ -101,7 +102,10 @@ impl Ambient {
             }
         };
         tokio::select! {
-            Some(sig) = self.signals.recv() => Input::Signal(sig),
+            Some(delivery) = self.signals.recv() => match delivery {
+                Delivery::Stop(sig) => Input::Signal(sig),
+                Delivery::Notice(sig) => Input::Notice(sig),
+            },
             Some(fault) = fault => Input::Fault(fault),
             // Both sources gone (every watcher thread ended, signal intake closed): nothing more will come.
             else => std::future::pending().await,
@@ -169,6 +173,17 @@ pub struct Agent {
     transitions: Transitions,
 }
 
+/// The next stop signal during set-up; a notice now has no worker to go to.
+async fn next_stop(signals: &mut mpsc::UnboundedReceiver<Delivery>) -> Option<Signal> {
+    while let Some(delivery) = signals.recv().await {
+        match delivery {
+            Delivery::Stop(sig) => return Some(sig),
+            Delivery::Notice(sig) => tracing::info!("received {} before the workers started; nothing to forward", sig.as_str()),
+        }
+    }
+    None
+}
+
 fn fail(e: impl Into<AgentError>) -> End {
     End::Error(e.into())
 }
@@ -184,12 +199,12 @@ impl Agent {
         let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
         let (hosted, store) = tokio::select! {
             r = open_rendezvous_store(&cfg) => r.map_err(fail)?,
-            Some(sig) = signals.recv() => return Err(End::Interrupted(sig)),
+            Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         };
         let mut rendezvous = Rendezvous::new(store, settings(&cfg), me(&cfg), fingerprint(&cfg));
         tokio::select! {
             r = rendezvous.register() => r.map_err(fail)?,
-            Some(sig) = signals.recv() => return Err(End::Interrupted(sig)),
+            Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         }
         banner(&cfg, &rendezvous, hosted.is_some(), &logs);
         let policy = cfg.gpu_policy.describe();
@@ -246,19 +261,26 @@ impl Agent {
                 let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
                 work.spares.set_next_start_possible(next_start);
             }
-            let run = work.operate(op.clone(), state.restart_count, state.nproc());
-            tokio::pin!(run);
-            loop {
-                let input = tokio::select! {
-                    biased;
-                    input = ambient.next() => input,
-                    input = &mut run => input,
-                };
-                let completion = !matches!(input, Input::Signal(_) | Input::Fault(_));
-                apply(state, input, faults, transitions);
-                if completion || state.op() != op {
-                    break;
+            let forward = {
+                let run = work.operate(op.clone(), state.restart_count, state.nproc());
+                tokio::pin!(run);
+                loop {
+                    let input = tokio::select! {
+                        biased;
+                        input = ambient.next() => input,
+                        input = &mut run => input,
+                    };
+                    let completion = !matches!(input, Input::Signal(_) | Input::Notice(_) | Input::Fault(_));
+                    let forward = apply(state, input, faults, transitions);
+                    // A forward needs the group the operation holds: the watch is cancel-safe, so it is
+                    // dropped, the signal sent, and the same operation started again.
+                    if completion || state.op() != op || forward.is_some() {
+                        break forward;
+                    }
                 }
+            };
+            if let (Some(sig), Some(group)) = (forward, work.group.as_ref()) {
+                group.notify(sig);
             }
         }
         match std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded)) {
@@ -268,22 +290,26 @@ impl Agent {
     }
 }
 
-/// One step: the decision, its effects, and the transition event when the phase changed.
-fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &mut Transitions) {
+/// One step: the decision, its effects, and the transition event when the phase changed. Returns the
+/// notice signal to forward to the workers, if any (the caller holds the group).
+fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &mut Transitions) -> Option<Signal> {
     let before = state.phase_name();
     tracing::trace!(input = input.name(), phase = before, "input");
     if let (Input::Signal(sig), Phase::Running | Phase::Stopping(_)) = (&input, &state.phase) {
         tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
     }
+    let mut forward = None;
     for effect in state::step(state, input) {
         match effect {
             Effect::Fault(fault, verdict) => faults.record(&transitions.events, &fault, verdict),
+            Effect::Forward(sig) => forward = Some(sig),
         }
     }
     let after = state.phase_name();
     if after != before || state.is_done() {
         transitions.go(after, detail(state));
     }
+    forward
 }
 
 impl Work {

@@ -35,6 +35,7 @@ use crate::supervisor::logs::LogError;
 use crate::supervisor::reaper::OrphanGuard;
 use crate::supervisor::SupervisorError;
 
+/// What ended the agent with an error; each one's exit code is `crate::exit::of_error`.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("cannot install signal handlers: {0}")]
@@ -55,29 +56,6 @@ pub enum AgentError {
     Internal(String),
 }
 
-impl AgentError {
-    /// Whether the error is the user's input (exit 2): a rendezvous endpoint held by a program that is not
-    /// a TCPStore, or a job token the store refuses. Both stay the same on every retry: a wrapper that
-    /// retries an agent that failed (exit 1) should not retry these.
-    pub fn is_bad_input(&self) -> bool {
-        let bad = |e: &StoreError| {
-            matches!(
-                e,
-                StoreError::NotAStore { .. }
-                    | StoreError::WrongToken { .. }
-                    | StoreError::NotEtcd { .. }
-                    | StoreError::EtcdAuth { .. }
-                    | StoreError::Tls { .. }
-                    | StoreError::BadSetting { .. }
-            )
-        };
-        match self {
-            AgentError::Store(e) | AgentError::Rendezvous(RdzvError::Store(e)) => bad(e),
-            _ => false,
-        }
-    }
-}
-
 /// How the agent ended.
 #[derive(Debug)]
 pub enum Outcome {
@@ -89,10 +67,6 @@ pub enum Outcome {
     /// A GPU fault drained this node: workers stopped, the rendezvous left, the hook run.
     Drained(Fault),
 }
-
-/// The exit code of a node drained for a GPU fault ("this node is unhealthy"), for scheduler policies to match
-/// (a Volcano `exitCode` policy, a Kubernetes pod failure policy). 75 is sysexits' EX_TEMPFAIL: retry elsewhere.
-pub const EXIT_NODE_UNHEALTHY: u8 = 75;
 
 /// Runs the job on this node until it succeeds, fails for good, drains, or is stopped by a signal.
 /// `gpu_job`: the placement checked before start put the workers on GPUs, so every later placement must

@@ -131,7 +131,10 @@ impl End {
 /// Everything that can happen, from every source.
 #[derive(Debug)]
 pub enum Input {
+    /// A stop signal (`crate::signals::Delivery::Stop`).
     Signal(Signal),
+    /// A notice signal to forward (`crate::signals::Delivery::Notice`).
+    Notice(Signal),
     Fault(Fault),
     /// Joining: the round is sealed and the workers' store is known; this node joined it with `nproc`
     /// workers.
@@ -164,6 +167,7 @@ impl Input {
     pub fn name(&self) -> &'static str {
         match self {
             Input::Signal(_) => "signal",
+            Input::Notice(_) => "notice",
             Input::Fault(_) => "fault",
             Input::Joined { .. } => "joined",
             Input::JoinChanged(_) => "join_changed",
@@ -227,6 +231,8 @@ impl Verdict {
 pub enum Effect {
     /// Count and report a fault with what was decided.
     Fault(Box<Fault>, Verdict),
+    /// Send a notice signal to the running workers (they keep running).
+    Forward(Signal),
 }
 
 /// What does not change during a run.
@@ -309,6 +315,7 @@ pub fn step(state: &mut State, input: Input) -> Vec<Effect> {
     let phase = std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded));
     let (next, effects) = match input {
         Input::Signal(sig) => (super::signal::on_signal(phase, sig), Vec::new()),
+        Input::Notice(sig) => super::signal::on_notice(phase, sig),
         Input::Fault(fault) => super::gpu::on_fault(state, phase, fault),
         Input::StartLost(fault) => super::gpu::on_start_lost(state, phase, fault),
         Input::Membership(event) => (super::peer::on_membership(phase, event), Vec::new()),

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
-use super::state::{step, Cause, Effect, End, Input, Job, Phase, State, Verdict};
+use super::state::{step, Cause, Effect, End, Input, Job, Op, Phase, State, Verdict};
 use super::AgentError;
 use crate::gpu::health::Fault;
 use crate::gpu::xid::{Action, FaultKind};
@@ -48,6 +48,7 @@ fn phases() -> Vec<(&'static str, Phase)> {
 fn inputs() -> Vec<(&'static str, Input)> {
     vec![
         ("signal", Input::Signal(Signal::SIGINT)),
+        ("notice", Input::Notice(Signal::SIGUSR1)),
         ("xid79", Input::Fault(fault(1, FaultKind::Lost, Action::Drain))),
         ("dbe-exclude", Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude))),
         ("xid13", Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart))),
@@ -124,6 +125,8 @@ fn expected(phase: &str, input: &str) -> &'static str {
             p => name_of(p),
         },
         (p, "xid-ignored") => name_of(p),
+        // A notice never changes the phase (running workers get it, see the effects check).
+        (p, "notice") => name_of(p),
         ("joining", "joined") => "starting",
         ("joining", "join-changed") => "restarting",
         ("starting", "started") => "running",
@@ -195,10 +198,29 @@ fn every_phase_and_input() {
             let is_fault = matches!(iname, "xid79" | "dbe-exclude" | "xid13" | "xid-ignored" | "start-lost");
             let reported = is_fault && pname != "done" && !(iname == "start-lost" && pname != "starting");
             assert_eq!(faults, usize::from(reported), "phase {pname}, input {iname}: {effects:?}");
+            let forwards: Vec<&Effect> = effects.iter().filter(|e| matches!(e, Effect::Forward(_))).collect();
+            let forwarded = iname == "notice" && pname == "running";
+            assert_eq!(forwards, if forwarded { vec![&Effect::Forward(Signal::SIGUSR1)] } else { vec![] }, "phase {pname}, input {iname}");
             checked += 1;
         }
     }
     assert_eq!(checked, phases().len() * inputs().len());
+}
+
+#[test]
+fn a_preemption_warning_then_the_stop() {
+    // Slurm: `--signal=USR1@T` (listed in --signals-to-handle), later scancel's SIGTERM.
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    let effects = run(&mut state, vec![Input::Notice(Signal::SIGUSR1), Input::Notice(Signal::SIGUSR1)]);
+    assert_eq!(effects, [Effect::Forward(Signal::SIGUSR1), Effect::Forward(Signal::SIGUSR1)]);
+    assert!(matches!(state.phase, Phase::Running), "{:?}", state.phase);
+    run(&mut state, vec![Input::Signal(Signal::SIGTERM), Input::Notice(Signal::SIGUSR1)]);
+    assert!(matches!(state.phase, Phase::Stopping(Cause::Signal(Signal::SIGTERM))), "{:?}", state.phase);
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM));
+    run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
+    assert!(matches!(state.phase, Phase::Done(End::Interrupted(Signal::SIGTERM))), "{:?}", state.phase);
+    assert_eq!(state.restart_count, 0, "a preemption spends no restart");
 }
 
 fn run(state: &mut State, inputs: Vec<Input>) -> Vec<Effect> {
@@ -248,7 +270,8 @@ fn dbe_then_xid48_excludes_once_and_continues() {
     assert_eq!(state.excluded, BTreeSet::from([2]));
     assert_eq!(state.restart_count, 0, "excluding spends no restart");
     assert_eq!(state.nproc(), 3);
-    let verdicts: Vec<Verdict> = effects.iter().map(|Effect::Fault(_, v)| *v).collect();
+    let verdicts: Vec<Verdict> =
+        effects.iter().filter_map(|e| if let Effect::Fault(_, v) = e { Some(*v) } else { None }).collect();
     assert_eq!(verdicts, [Verdict::Acted, Verdict::Excluded]);
     // Later: XID 79 on the excluded GPU is ignored.
     state.phase = Phase::Running;

@@ -270,6 +270,16 @@ impl WorkerGroup {
         }
     }
 
+    /// Sends a notice signal (a scheduler's warning of a coming stop) to each running worker process; they
+    /// keep running. The worker itself, not its process group: its children (a DataLoader's processes) did
+    /// not ask for it, and an unhandled SIGUSR1 would kill them.
+    pub fn notify(&self, sig: Signal) {
+        for w in self.workers.iter().filter(|w| w.running) {
+            tracing::info!("forwarding {} to process {} (the workers keep running)", sig.as_str(), w.pid);
+            let _ = nix::sys::signal::kill(Pid::from_raw(w.pid), sig);
+        }
+    }
+
     pub fn pids(&self) -> Vec<i32> {
         self.workers.iter().map(|w| w.pid).collect()
     }

@@ -422,9 +422,11 @@ fn guard_death_notice(status: nix::Result<WaitStatus>, cgroup: Option<&std::path
 /// job cgroup and what is left.
 fn guard_main(read: OwnedFd, cgroup: Option<PathBuf>) -> ! {
     // Out of the agent's session so a terminal's Ctrl-C or a kill of the agent's group leaves it alive to
-    // clean up; immune to the polite signals, it ends only at EOF.
+    // clean up; immune to the polite signals, it ends only at EOF. A scheduler that signals every process
+    // of a job step (Slurm's `scancel --signal=USR1`) reaches it too: a warning must not kill it.
     let _ = nix::unistd::setsid();
-    for sig in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGPIPE] {
+    let polite = [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP, Signal::SIGQUIT, Signal::SIGPIPE];
+    for sig in polite.into_iter().chain(crate::signals::NOTICE_SIGNALS) {
         // SAFETY: setting SIG_IGN installs no handler code.
         let _ = unsafe { nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigIgn) };
     }

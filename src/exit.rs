@@ -1,0 +1,130 @@
+//! The exit codes: how the agent ended, as a number a scheduler's policy can act on (requeue, reschedule
+//! elsewhere, give up). `docs/exit-codes.md` is the table users and policies are written against; keep the
+//! two in step.
+
+use nix::sys::signal::Signal;
+
+use crate::agent::{AgentError, Outcome};
+use crate::rendezvous::RdzvError;
+use crate::store::StoreError;
+
+/// Every worker exited 0.
+pub const SUCCESS: u8 = 0;
+/// The workers failed and the restart budget is spent, or the agent could not run them.
+pub const FAILED: u8 = 1;
+/// Bad input: nothing was started.
+pub const USAGE: u8 = 2;
+/// The rendezvous did not complete (join timeout, the store unreachable or lost): requeueing is reasonable.
+pub const RDZV_INCOMPLETE: u8 = 3;
+/// The rendezvous was closed (the job ended or was closed without this node): do not requeue.
+pub const RDZV_CLOSED: u8 = 4;
+/// This node drained itself for a GPU fault: reschedule on another node. sysexits' EX_TEMPFAIL.
+pub const NODE_UNHEALTHY: u8 = 75;
+
+/// Stopped for (or killed by) signal `sig`: 128+N, as a shell reports it (143 = SIGTERM, a preemption).
+pub fn signal(sig: Signal) -> u8 {
+    // Signal numbers are below 65 on Linux, so this never saturates.
+    128u8.saturating_add(sig as u8)
+}
+
+/// The exit code of a finished agent.
+pub fn of_outcome(outcome: &Result<Outcome, AgentError>) -> u8 {
+    match outcome {
+        Ok(Outcome::Succeeded) => SUCCESS,
+        Ok(Outcome::Failed { .. }) => FAILED,
+        Ok(Outcome::Interrupted(sig)) => signal(*sig),
+        Ok(Outcome::Drained(_)) => NODE_UNHEALTHY,
+        Err(e) => of_error(e),
+    }
+}
+
+/// The exit code of an agent that ended with an error.
+pub fn of_error(e: &AgentError) -> u8 {
+    match e {
+        AgentError::Rendezvous(e) => of_rendezvous(e),
+        AgentError::Store(e) => of_store(e),
+        // The endpoint's name may not be published yet (a Kubernetes service, DNS in flux).
+        AgentError::Resolve(..) => RDZV_INCOMPLETE,
+        AgentError::Signals(_)
+        | AgentError::Gpu(_)
+        | AgentError::Logs(_)
+        | AgentError::Supervisor(_)
+        | AgentError::Internal(_) => FAILED,
+    }
+}
+
+fn of_rendezvous(e: &RdzvError) -> u8 {
+    match e {
+        RdzvError::Store(e) => of_store(e),
+        RdzvError::Timeout { .. } | RdzvError::StoreLost => RDZV_INCOMPLETE,
+        RdzvError::Closed(_) => RDZV_CLOSED,
+        // The same on every retry: the nodes were started with different settings.
+        RdzvError::Mismatch(_) | RdzvError::State(_) => FAILED,
+    }
+}
+
+fn of_store(e: &StoreError) -> u8 {
+    match e {
+        // Input that stays wrong on every retry: the endpoint is some other program, or the token is wrong.
+        StoreError::NotAStore { .. }
+        | StoreError::WrongToken { .. }
+        | StoreError::NotEtcd { .. }
+        | StoreError::EtcdAuth { .. }
+        | StoreError::Tls { .. }
+        | StoreError::BadSetting { .. } => USAGE,
+        StoreError::Resolve { .. }
+        | StoreError::Connect { .. }
+        | StoreError::Timeout { .. }
+        | StoreError::WaitTimeout { .. }
+        | StoreError::Closed { .. }
+        | StoreError::Io { .. }
+        | StoreError::Broken { .. }
+        | StoreError::Unreachable { .. } => RDZV_INCOMPLETE,
+        StoreError::Bind { .. } | StoreError::Handshake { .. } | StoreError::Protocol { .. } | StoreError::Etcd { .. } => {
+            FAILED
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::gpu::health::Fault;
+    use crate::gpu::xid::{Action, FaultKind};
+    use crate::gpu::GpuInfo;
+
+    fn addr() -> std::net::SocketAddr {
+        std::net::SocketAddr::from(([127, 0, 0, 1], 29500))
+    }
+
+    #[test]
+    fn every_ending_has_its_documented_code() {
+        let io = || std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        let store = |e: StoreError| Err(AgentError::Store(e));
+        let rdzv = |e: RdzvError| Err(AgentError::Rendezvous(e));
+        let gpu = GpuInfo { index: 0, uuid: "GPU-0".into(), pci_bus_id: String::new(), name: String::new(), memory_total: 0 };
+        let table: Vec<(&str, Result<Outcome, AgentError>, u8)> = vec![
+            ("success", Ok(Outcome::Succeeded), 0),
+            ("restarts spent", Ok(Outcome::Failed { name: "train.py".into(), failures: vec![] }), 1),
+            ("SIGTERM", Ok(Outcome::Interrupted(Signal::SIGTERM)), 143),
+            ("SIGINT", Ok(Outcome::Interrupted(Signal::SIGINT)), 130),
+            ("drained", Ok(Outcome::Drained(Fault { gpu, kind: FaultKind::Lost, action: Action::Drain })), 75),
+            ("join timeout", rdzv(RdzvError::Timeout { run_id: "j".into(), timeout: Duration::from_secs(1), joined: 1, min: 2 }), 3),
+            ("store lost", rdzv(RdzvError::StoreLost), 3),
+            ("unreachable", rdzv(RdzvError::Store(StoreError::Connect { addr: addr(), timeout: Duration::from_secs(1), last: "refused".into() })), 3),
+            ("unreachable at set-up", store(StoreError::Connect { addr: addr(), timeout: Duration::from_secs(1), last: "refused".into() }), 3),
+            ("no such host", Err(AgentError::Resolve("n1:29500".into(), io())), 3),
+            ("closed", rdzv(RdzvError::Closed("j".into())), 4),
+            ("not a store", store(StoreError::NotAStore { addr: addr(), answer: "HTTP" }), 2),
+            ("wrong token", rdzv(RdzvError::Store(StoreError::WrongToken { addr: addr() })), 2),
+            ("mismatch", rdzv(RdzvError::Mismatch("--nnodes".into())), 1),
+            ("port taken", store(StoreError::Bind { addr: addr(), source: io() }), 1),
+            ("internal", Err(AgentError::Internal("bug".into())), 1),
+        ];
+        for (what, outcome, code) in table {
+            assert_eq!(of_outcome(&outcome), code, "{what}");
+        }
+    }
+}
