@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::wire::{Fingerprint, RoundInfo, Seal};
+use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
 use super::retry::{is_connection_error, Retry};
 use super::{Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, WatchEventKind, WatchTarget};
@@ -29,10 +29,12 @@ impl<S: Store> Rendezvous<S> {
         let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
         let write_timeout = self.settings.heartbeat_timeout;
         self.heartbeat = Some(tokio::spawn(async move {
+            let interval_ms = Some(every.as_millis() as u64);
             let mut beat: u64 = 0;
             loop {
                 beat += 1;
-                match tokio::time::timeout(write_timeout, store.beat(&key, beat.to_string().as_bytes())).await {
+                let value = Heartbeat { beat, at_ms: unix_ms(), interval_ms }.encode();
+                match tokio::time::timeout(write_timeout, store.beat(&key, &value)).await {
                     Ok(Ok(())) => {}
                     Ok(Err(e)) => tracing::warn!("heartbeat write failed: {e}"),
                     Err(_) => tracing::warn!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"),
@@ -268,4 +270,11 @@ impl<S: Store> Rendezvous<S> {
             event = self.next_event() => event.map(Published::Changed),
         }
     }
+}
+
+/// This machine's wall clock in milliseconds since the Unix epoch (None before it): what a heartbeat carries
+/// so that a reader can tell its age.
+pub fn unix_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_millis()).ok()
 }
