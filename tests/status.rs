@@ -37,7 +37,7 @@ fn status_until(endpoint: &str, run_id: &str, what: &str, f: impl Fn(&Value) -> 
     let mut last = Value::Null;
     let ok = eventually(LONG, || {
         let out = status(endpoint, run_id, &["--format", "json"]);
-        last = serde_json::from_str(&out.stdout).unwrap_or_else(|_| Value::String(out.stderr));
+        last = serde_json::from_str(&out.stdout).unwrap_or(Value::String(out.stderr));
         f(&last)
     });
     assert!(ok, "status never showed {what}; last: {last}");
