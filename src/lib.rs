@@ -15,6 +15,7 @@ pub mod limits;
 pub mod plan;
 pub mod rendezvous;
 pub mod signals;
+pub mod status;
 pub mod store;
 pub mod supervisor;
 pub mod telemetry;

@@ -8,6 +8,7 @@ const TOOLS: &[(&str, Tool)] = &[
     ("bench", crate::bench::bench_main),
     ("doctor", doctor),
     ("plan", crate::plan::plan_main),
+    ("status", crate::status::status_main),
 ];
 
 /// `muster doctor` logs what the GPU libraries report, at the agent's log level (the other tools set up their

@@ -315,7 +315,7 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
 impl Work {
     async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
         match op {
-            Op::Join => self.join(nproc).await,
+            Op::Join => self.join(nproc, restart_count).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
             Op::Stop(sig) => self.stop(sig).await,
@@ -328,8 +328,9 @@ impl Work {
 
     /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
     /// others wait for it (or for a membership change that means it will never come).
-    async fn join(&mut self, nproc: u32) -> Input {
+    async fn join(&mut self, nproc: u32, restart_count: u32) -> Input {
         self.rendezvous.set_nproc(nproc);
+        self.rendezvous.set_restarts(restart_count);
         let round = match self.rendezvous.next_round().await {
             Ok(round) => round,
             Err(e) => return Input::Failed(e.into()),

@@ -143,7 +143,13 @@ impl<S: Store> Rendezvous<S> {
         // Again each round: a node evicted for missing heartbeats (stopped, not dead) rejoins as alive.
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
         let slot = self.store.add(&self.key(&format!("r/{round}/slot")), 1).await?;
-        let record = Record { node: self.me.clone(), slot, prev_rank: self.prev_rank, pref_rank: self.settings.node_rank };
+        let record = Record {
+            node: self.me.clone(),
+            slot,
+            prev_rank: self.prev_rank,
+            pref_rank: self.settings.node_rank,
+            restarts: Some(self.restarts),
+        };
         let bytes = serde_json::to_vec(&record).map_err(|e| RdzvError::State(e.to_string()))?;
         self.store.set(&self.key(&format!("r/{round}/m/{slot}")), &bytes).await?;
         Ok(slot)

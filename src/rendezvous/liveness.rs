@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::wire::{Fingerprint, RoundInfo, Seal};
+use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
 use super::retry::{is_connection_error, Retry};
 use super::{Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, WatchEventKind, WatchTarget};
@@ -29,12 +29,14 @@ impl<S: Store> Rendezvous<S> {
         let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
         let write_timeout = self.settings.heartbeat_timeout;
         self.heartbeat = Some(tokio::spawn(async move {
+            let interval_ms = Some(every.as_millis() as u64);
             let mut beat: u64 = 0;
             // Said once per run of failures: an outage of the store is not a line every interval.
             let mut failing = false;
             loop {
                 beat += 1;
-                let failure = match tokio::time::timeout(write_timeout, store.beat(&key, beat.to_string().as_bytes())).await {
+                let value = Heartbeat { beat, at_ms: unix_ms(), interval_ms }.encode();
+                let failure = match tokio::time::timeout(write_timeout, store.beat(&key, &value)).await {
                     Ok(Ok(())) => None,
                     // The store's client says when it cannot reach the store.
                     Ok(Err(e)) => {
@@ -281,4 +283,11 @@ impl<S: Store> Rendezvous<S> {
             event = self.next_event() => event.map(Published::Changed),
         }
     }
+}
+
+/// This machine's wall clock in milliseconds since the Unix epoch (None before it): what a heartbeat carries
+/// so that a reader can tell its age.
+pub fn unix_ms() -> Option<u64> {
+    let since = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    u64::try_from(since.as_millis()).ok()
 }

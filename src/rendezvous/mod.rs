@@ -41,9 +41,12 @@ mod retry;
 mod restart_tests;
 #[cfg(test)]
 mod tests;
+mod view;
 mod wire;
 
-pub use wire::{Fingerprint, RoundInfo};
+pub use liveness::unix_ms;
+pub use view::{read_view, JobView, NodeView};
+pub use wire::{Fingerprint, Heartbeat, RoundInfo};
 use retry::Retry;
 use wire::parse_round;
 
@@ -133,6 +136,8 @@ pub struct Rendezvous<S: Store> {
     fingerprint: Fingerprint,
     prefix: String,
     prev_rank: Option<u32>,
+    /// Restarts this node has spent, written in its record of each round it joins.
+    restarts: u32,
     current: Option<RoundInfo>,
     /// Writes `hb/<me>` every `keep_alive_interval` for the agent's lifetime (aborted on drop).
     heartbeat: Option<tokio::task::JoinHandle<()>>,
@@ -164,6 +169,7 @@ impl<S: Store> Rendezvous<S> {
             fingerprint,
             prefix,
             prev_rank: None,
+            restarts: 0,
             current: None,
             pending: None,
             batch_until: None,
@@ -208,6 +214,11 @@ impl<S: Store> Rendezvous<S> {
     /// Workers this node brings to the next round (after a GPU was excluded).
     pub fn set_nproc(&mut self, nproc: u32) {
         self.me.nproc = nproc;
+    }
+
+    /// Restarts spent so far, published with the next join (what `muster status` shows).
+    pub fn set_restarts(&mut self, restarts: u32) {
+        self.restarts = restarts;
     }
 
     async fn closed(&self) -> Result<bool, RdzvError> {

@@ -6,7 +6,7 @@ use super::wire::{parse_round, Record, Seal};
 use super::*;
 
 fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
-    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, pref_rank: pref }
+    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, pref_rank: pref, restarts: None }
 }
 
 fn settings(max: u32, strict: bool) -> Settings {

@@ -42,6 +42,9 @@ pub(super) struct Record {
     pub(super) slot: i64,
     pub(super) prev_rank: Option<u32>,
     pub(super) pref_rank: Option<u32>,
+    /// Restarts the node had spent when it joined (for `muster status`); absent from agents before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) restarts: Option<u32>,
 }
 
 /// The sealed membership, in group-rank order. Every member reads it once per round, so it is a compact
@@ -107,6 +110,37 @@ impl RoundInfo {
         let [group_rank, group_world_size, base_global_rank, world_size] = n[..] else { return Err(bad()) };
         let neighbours = Seal::decode(rest.as_bytes())?.members;
         Ok(RoundInfo { round, group_rank, group_world_size, base_global_rank, world_size, neighbours })
+    }
+}
+
+/// A heartbeat (`hb/<node>`): `<beat> <unix ms> <interval ms>`. Each beat differs from the last (the
+/// neighbours compare values); the time and period let a reader (`muster status`) tell its age. Agents before
+/// the time was added wrote `<beat>` alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub beat: u64,
+    /// When it was written, by the writer's clock (milliseconds since the Unix epoch).
+    pub at_ms: Option<u64>,
+    /// The writer's `keep_alive_interval`.
+    pub interval_ms: Option<u64>,
+}
+
+impl Heartbeat {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        match (self.at_ms, self.interval_ms) {
+            (Some(at), Some(every)) => format!("{} {at} {every}", self.beat).into_bytes(),
+            _ => self.beat.to_string().into_bytes(),
+        }
+    }
+
+    /// None when it is not a heartbeat at all.
+    pub fn decode(bytes: &[u8]) -> Option<Heartbeat> {
+        let text = std::str::from_utf8(bytes).ok()?;
+        let mut f = text.split(' ');
+        let beat = f.next()?.parse().ok()?;
+        let at_ms = f.next().and_then(|v| v.parse().ok());
+        let interval_ms = f.next().and_then(|v| v.parse().ok());
+        Some(Heartbeat { beat, at_ms, interval_ms })
     }
 }
 
