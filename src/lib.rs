@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod gpu;
 pub mod host;
 pub mod limits;
+pub mod observe;
 pub mod plan;
 pub mod rendezvous;
 pub mod signals;
