@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_venv
+ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
 
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.

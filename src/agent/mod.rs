@@ -97,8 +97,8 @@ pub async fn run(
     mut sinks: Sinks,
 ) -> Result<Outcome, AgentError> {
     let cfg = Arc::new(cfg);
-    sinks.serve();
     let end = async {
+        sinks.serve();
         match driver::Agent::set_up(cfg.clone(), guard, gpu_job, &sinks).await {
             Ok(agent) => agent.drive().await,
             Err(end) => {

@@ -114,6 +114,12 @@ impl Metrics {
         for cause in ["worker_failure", "gpu_fault"] {
             let _ = m.restarts.get_or_create(&label("cause", cause));
         }
+        for cause in ["peer_lost", "joiners", "round_changed", "closed", "gpu_excluded", "drained"] {
+            let _ = m.membership.get_or_create(&label("cause", cause));
+        }
+        for cause in ["worker failure", "gpu fault", "membership change", "gpu excluded"] {
+            let _ = m.recoveries.get_or_create(&label("cause", cause));
+        }
         for phase in PHASES {
             let _ = m.phases.get_or_create(&label("phase", phase));
         }
@@ -228,7 +234,8 @@ impl Metrics {
     }
 }
 
-/// Every metric name a scrape shows (a dashboard's queries must use only these).
+/// Every metric name a scrape shows (a dashboard's queries must use only these). A family without a
+/// series yet (no worker has exited, no GPU fault) is not shown.
 pub fn names(text: &str) -> std::collections::BTreeSet<String> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
