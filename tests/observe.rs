@@ -405,3 +405,42 @@ fn metric_names(expr: &str) -> Vec<String> {
     }
     names
 }
+
+#[test]
+fn bad_observability_flags_are_one_line_and_exit_2_with_nothing_started() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let marker = dir.path().join("started");
+    let held = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let in_use = held.local_addr().expect("addr").port().to_string();
+    let cases: [(&[&str], &str); 5] = [
+        (&["--metrics-port=70000"], "--metrics-port"),
+        (&["--metrics-port=0", "--metrics-host=localhost"], "--metrics-host"),
+        (&["--metrics-port", &in_use], &in_use),
+        (&["--event-log=/nonexistent/dir/events.jsonl"], "--event-log"),
+        (&["--log-format=yaml"], "--log-format"),
+    ];
+    for (flags, named) in cases {
+        let out = run(muster().args(flags).args(["--no-python", "touch"]).arg(&marker), LONG);
+        assert_eq!(out.status.code(), Some(2), "{flags:?}: {}", out.stderr);
+        let lines: Vec<&str> = out.stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{flags:?}: one line: {}", out.stderr);
+        assert!(lines[0].contains(named), "{flags:?}: {}", lines[0]);
+        assert!(!marker.exists(), "{flags:?}: a worker started");
+    }
+}
+
+#[test]
+fn json_logs_carry_the_run_id_round_and_restart() {
+    let out = run(
+        muster().args(["--log-format=json", "--rdzv-id=jsonlogs", "--max-restarts=1", "--no-python", "false"]),
+        LONG,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let logs: Vec<Value> = out.stderr.lines().filter_map(|l| serde_json::from_str(l).ok()).collect();
+    let failed: Vec<&Value> =
+        logs.iter().filter(|l| l["fields"]["message"].as_str().is_some_and(|m| m.starts_with("failed (exitcode"))).collect();
+    assert!(!failed.is_empty(), "no worker failure logged as JSON:\n{}", out.stderr);
+    let restarts: Vec<i64> = failed.iter().filter_map(|l| l["span"]["restart"].as_i64()).collect();
+    assert_eq!(restarts, [0, 1], "the restart of each failure: {failed:?}");
+    assert!(failed.iter().all(|l| l["span"]["run_id"].as_str().is_some() && l["span"]["round"].as_i64().is_some()));
+}
