@@ -18,6 +18,7 @@ use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
+use crate::observe::{Observer, Sinks, Transition};
 use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
 use crate::store::remote::RemoteStore;
 use crate::store::tcp::Server;
@@ -25,7 +26,6 @@ use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
-use crate::observe::{Observer, Sinks, Transition};
 
 /// How long the `--on-node-fault` hook may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);

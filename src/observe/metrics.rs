@@ -4,7 +4,8 @@
 //! node re-ranked after a re-formation reports the same counters under its new rank.
 //!
 //! Names (OpenMetrics text; counters end in `_total`):
-//! - `muster_restarts_total{cause}` (worker_failure, gpu_fault), `muster_restarts_remaining`;
+//! - `muster_restarts_total{cause}` (worker_failure, gpu_fault; a restart refunded because its GPU was then
+//!   excluded stays counted), `muster_restarts_remaining`;
 //! - `muster_rendezvous_rounds_total`, `muster_rendezvous_seconds` (time in each join), `muster_round`;
 //! - `muster_membership_changes_total{cause}` (peer_lost, joiners, round_changed, closed, gpu_excluded, drained);
 //! - `muster_world_size`, `muster_group_world_size`, `muster_group_rank`, `muster_local_workers`;

@@ -87,6 +87,13 @@ pub struct Before {
     stop_cause: Option<&'static str>,
 }
 
+impl Before {
+    /// When the input arrived.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+}
+
 /// Turns the agent's transitions, inputs and faults into metrics, health, recovery phases and events.
 pub struct Observer {
     events: EventLog,
@@ -200,7 +207,8 @@ impl Observer {
             f.extend(d);
         }
         self.emit("muster.agent.transition", fields);
-        self.health.set(state.is_none_or(|s| health::healthy(&s.phase)), to);
+        // A set-up that failed (no state) is never healthy.
+        self.health.set(state.is_some_and(|s| health::healthy(&s.phase)), to);
         let cause = match state.map(|s| &s.phase) {
             Some(Phase::Stopping(c)) => c.name(),
             _ => "",
@@ -255,10 +263,4 @@ pub struct Transition {
     pub spent: Duration,
     pub now: Instant,
     pub input_at: Option<Instant>,
-}
-
-impl Before {
-    pub fn at(&self) -> Instant {
-        self.at
-    }
 }
