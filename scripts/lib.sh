@@ -93,3 +93,12 @@ ensure_slurm() {
     echo "muster: installing slurm-wlm and munge with apt-get (once)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 }
+
+# ensure_prometheus: Debian's prometheus server, which tests/observe.rs starts on loopback to scrape the agents.
+ensure_prometheus() {
+    if command -v prometheus >/dev/null 2>&1; then
+        return
+    fi
+    echo "muster: installing prometheus with apt-get (once)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+}

@@ -17,6 +17,8 @@ trap 'scripts/slurm/cluster.sh stop "$slurm_dir"; rm -rf "$slurm_dir"' EXIT
 SLURM_CONF=$(scripts/slurm/cluster.sh start "$slurm_dir")
 export SLURM_CONF
 
+ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
+
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
 cargo clippy --quiet --workspace --all-targets -- -D warnings

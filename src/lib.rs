@@ -12,6 +12,7 @@ pub mod exit;
 pub mod gpu;
 pub mod host;
 pub mod limits;
+pub mod observe;
 pub mod plan;
 pub mod rendezvous;
 pub mod signals;

@@ -54,7 +54,7 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::FAILED);
         }
     };
-    muster::telemetry::init();
+    muster::telemetry::init_as(muster::telemetry::LogFormat::from_flag(&cli.log_format));
     let env = |k: &str| std::env::var(k).ok();
     let gpu_count = || muster::gpu::device_count().map_err(|e| e.to_string());
     let host = Host {
@@ -79,6 +79,14 @@ fn main() -> ExitCode {
             return ExitCode::from(exit::USAGE);
         }
     };
+    // The metrics port and the event log, like any input, are checked before anything starts.
+    let sinks = match muster::observe::open(&cfg.observe, &cfg.run_id, cfg.max_restarts) {
+        Ok(sinks) => sinks,
+        Err(e) => {
+            eprintln!("muster: error: {e}");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
@@ -87,7 +95,7 @@ fn main() -> ExitCode {
         }
     };
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
-    let outcome = runtime.block_on(agent::run(cfg, guard.clone(), gpu_job));
+    let outcome = runtime.block_on(agent::run(cfg, guard.clone(), gpu_job, sinks));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
     // Whatever the workers left running (a daemon in a session of its own, too) ends before the agent does.
     guard.end();

@@ -1,54 +1,75 @@
-//! Agent logging and events.
+//! Agent logging.
 //!
 //! Logs go to stderr through `tracing`; the level comes from `RUST_LOG` (a full filter), else torch's
 //! `LOGLEVEL` (DEBUG, INFO, WARNING, ERROR), else INFO — one level above torchrun's default WARNING so the
-//! startup banner and recovery timings are visible. Events (`--event-log-handler console`) are JSON lines on
-//! stderr, one per agent transition, with a timestamp and the time spent in the previous state.
+//! startup banner and recovery timings are visible. `--log-format json` makes each line a JSON object whose
+//! `span` carries the run id, round, group rank and restart count, the identifiers the event log and the
+//! metrics' labels use (the events themselves are `observe::events`).
 
 use std::io::IsTerminal;
+use std::sync::OnceLock;
 
-use serde_json::{json, Value};
 use tracing_subscriber::EnvFilter;
 
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl LogFormat {
+    /// The flag's value (clap has checked it is `text` or `json`).
+    pub fn from_flag(value: &str) -> LogFormat {
+        if value == "json" {
+            LogFormat::Json
+        } else {
+            LogFormat::Text
+        }
+    }
+}
+
+static FORMAT: OnceLock<LogFormat> = OnceLock::new();
+
+/// Agent-level logging as text (the tools that log like the agent).
 pub fn init() {
+    init_as(LogFormat::Text);
+}
+
+/// Agent-level logging in `format`.
+pub fn init_as(format: LogFormat) {
     let level = match std::env::var("LOGLEVEL").unwrap_or_default().to_ascii_uppercase().as_str() {
         "DEBUG" => "debug",
         "WARNING" | "WARN" => "warn",
         "ERROR" | "CRITICAL" => "error",
         _ => "info",
     };
-    init_with(&format!("muster={level}"));
+    init_format(&format!("muster={level}"), format);
 }
 
 /// Logging to stderr with `default` as the filter unless `RUST_LOG` gives one (tool subcommands choose
 /// their own default: `muster bench` shows only errors, for one).
 pub fn init_with(default: &str) {
+    init_format(default, LogFormat::Text);
+}
+
+fn init_format(default: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let _ = match format {
+        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
+        LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),
+    };
+    let _ = FORMAT.set(format);
 }
 
-/// Where agent events go.
-#[derive(Debug, Clone, Copy)]
-pub struct Events {
-    pub console: bool,
-}
-
-impl Events {
-    /// Records one event; `fields` is a JSON object merged into the event.
-    pub fn emit(&self, name: &str, fields: Value) {
-        let ts = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
-        let mut event = json!({ "name": name, "timestamp": ts });
-        if let (Some(e), Value::Object(f)) = (event.as_object_mut(), fields) {
-            e.extend(f);
-        }
-        tracing::debug!(event = %event, "event");
-        if self.console {
-            eprintln!("{event}");
-        }
+/// The span the agent runs in: its fields are the identifiers of every JSON log line, recorded as they
+/// change. With text logs there is none (a text line stays as it was, without a span prefix).
+pub fn agent_span(run_id: &str) -> tracing::Span {
+    if FORMAT.get() == Some(&LogFormat::Json) {
+        let empty = tracing::field::Empty;
+        tracing::info_span!("agent", run_id, round = empty, group_rank = empty, restart = empty)
+    } else {
+        tracing::Span::none()
     }
 }

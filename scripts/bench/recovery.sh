@@ -15,7 +15,12 @@
 # `python -c "import torch.distributed"` takes on this machine for scale.
 # Goals: (a) muster at least 10x faster than torchrun; (b) muster under 1 s.
 #
+# METRICS=1 runs every muster agent with --metrics-port=0 and scrapes each one's /metrics every 100 ms
+# (curl, for the whole run), to compare recovery with the metrics endpoint on and off. LAUNCHERS picks
+# the launchers (default "muster muster-warm torchrun").
+#
 # Usage: scripts/bench/recovery.sh          RUNS=3 DETECT_TIMEOUT=30 scripts/bench/recovery.sh
+#        METRICS=1 LAUNCHERS=muster scripts/bench/recovery.sh
 set -euo pipefail
 export LC_ALL=C
 if [ -z "${EPOCHREALTIME:-}" ]; then echo "bench: needs bash >= 5 (EPOCHREALTIME)" >&2; exit 2; fi
@@ -24,8 +29,15 @@ cd "$(dirname "$0")/../.."
 RUNS="${RUNS:-5}"
 DETECT_TIMEOUT="${DETECT_TIMEOUT:-60}"
 WARM_WAIT="${WARM_WAIT:-6}"
+METRICS="${METRICS:-0}"
+read -r -a LAUNCHERS <<<"${LAUNCHERS:-muster muster-warm torchrun}"
 source scripts/lib.sh
 require_positive_ints RUNS DETECT_TIMEOUT WARM_WAIT
+case "$METRICS" in 0 | 1) ;; *) echo "METRICS must be 0 (off) or 1 (scrape every 100 ms), got '$METRICS'" >&2; exit 2 ;; esac
+for l in "${LAUNCHERS[@]}"; do
+    case "$l" in muster | muster-warm | torchrun) ;; *) echo "LAUNCHERS: unknown launcher '$l' (muster, muster-warm, torchrun)" >&2; exit 2 ;; esac
+done
+if [ "$METRICS" = 1 ] && ! command -v curl >/dev/null 2>&1; then echo "METRICS=1 needs curl" >&2; exit 2; fi
 
 cargo build --release --quiet
 ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
@@ -35,6 +47,7 @@ TORCHRUN="$(command -v torchrun)"
 WORKER="$PWD/scripts/bench/recovery_worker.py"
 work="$(mktemp -d)"
 agents=() # process group ids (each agent leads its own session)
+scrapers=() # METRICS=1: the scraper loops' pids
 
 # Stops every agent of the current job: a polite SIGTERM (both launchers then stop their workers), SIGKILL
 # to the group after 5 s, then any worker of the job still alive (torchrun leaves them behind when it is
@@ -42,6 +55,8 @@ agents=() # process group ids (each agent leads its own session)
 stop_job() {
     local dir="${1:-}" pg pid i
     [ -n "$dir" ] && : >"$dir/finish"
+    for pid in "${scrapers[@]}"; do kill "$pid" 2>/dev/null || true; done
+    scrapers=()
     for pg in "${agents[@]}"; do kill -TERM -- "-$pg" 2>/dev/null || true; done
     for ((i = 0; i < 50; i++)); do
         local alive=0
@@ -95,6 +110,20 @@ free_port() {
     "$MUSTER_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
+# scrape LOG: once the agent whose log is LOG says where its metrics are, GETs them every 100 ms.
+scrape() {
+    local addr="" i
+    for ((i = 0; i < 600 && -z "$addr"; i++)); do
+        addr="$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$1" | head -n 1)"
+        [ -z "$addr" ] && sleep 0.05
+    done
+    [ -z "$addr" ] && return
+    while :; do
+        curl -s -o /dev/null --max-time 1 "http://$addr/metrics" || true
+        sleep 0.1
+    done
+}
+
 # start_job LAUNCHER DIR: starts two agents of a fresh job whose workers write under DIR.
 start_job() {
     local launcher="$1" dir="$2" run_id="bench$RANDOM$RANDOM" port i
@@ -104,6 +133,9 @@ start_job() {
     local common=(--nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d "--rdzv-id=$run_id" --max-restarts=3)
     if [ "$launcher" = muster-warm ]; then
         common+=(--warm-spares=torch.distributed --warm-spares-delay=0)
+    fi
+    if [ "$launcher" != torchrun ] && [ "$METRICS" = 1 ]; then
+        common+=(--metrics-port=0)
     fi
     if [ "$launcher" != torchrun ]; then
         BENCH_NODE=a setsid "$MUSTER" "${common[@]}" --rdzv-endpoint=127.0.0.1:0 --rdzv-conf=is_host=1 \
@@ -119,6 +151,12 @@ start_job() {
         BENCH_NODE=b setsid "$MUSTER" "${common[@]}" "--rdzv-endpoint=127.0.0.1:$port" \
             "$WORKER" "$dir" >"$dir/b.log" 2>&1 &
         agents+=("$!")
+        if [ "$METRICS" = 1 ]; then
+            scrape "$dir/a.log" &
+            scrapers+=("$!")
+            scrape "$dir/b.log" &
+            scrapers+=("$!")
+        fi
     else
         port="$(free_port)"
         BENCH_NODE=a setsid "$TORCHRUN" "${common[@]}" "--rdzv-endpoint=127.0.0.1:$port" --rdzv-conf=is_host=1 \
@@ -176,7 +214,7 @@ run_scenario() {
     fi
 }
 
-echo "recovery benchmark: 2 agents x 2 workers on loopback, c10d rendezvous, $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c 'import torch; print(torch.__version__)'))"
+echo "recovery benchmark: 2 agents x 2 workers on loopback, c10d rendezvous, metrics $([ "$METRICS" = 1 ] && echo "on, scraped every 100 ms" || echo off), $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c 'import torch; print(torch.__version__)'))"
 import_times=()
 for ((i = 0; i < 3; i++)); do
     t0="$EPOCHREALTIME"
@@ -186,10 +224,9 @@ done
 import_ms="$(printf '%s\n' "${import_times[@]}" | sort -n | sed -n 2p)"
 echo "a bare python -c 'import torch.distributed' takes $import_ms ms here (median of 3)"
 echo "goals: (a) worker crash: muster >= 10x faster than torchrun; (b) agent SIGKILL: muster < 1 s"
-LAUNCHERS=(muster muster-warm torchrun)
 for scenario in crash agent-kill; do
+    for launcher in muster muster-warm torchrun; do : >"$work/$launcher.$scenario"; done
     for launcher in "${LAUNCHERS[@]}"; do
-        : >"$work/$launcher.$scenario"
         for ((r = 1; r <= RUNS; r++)); do run_scenario "$launcher" "$scenario" "$r"; done
     done
 done
@@ -210,6 +247,7 @@ share_median() {
 # cell FILE: a table cell: the median, how many runs failed, and the launcher share.
 cell() {
     local m failed gave_up share
+    if [ ! -s "$1" ]; then printf 'not run'; return; fi
     m="$(median "$1")"
     failed="$(grep -c '^[-x]$' "$1" || true)"
     gave_up="$(grep -c '^x$' "$1" || true)"
@@ -276,5 +314,6 @@ goal_b() {
     fi
 }
 echo
-for launcher in muster muster-warm; do goal_a "$launcher"; done
-for launcher in muster muster-warm; do goal_b "$launcher"; done
+ran() { [ -s "$work/$1.crash" ] || [ -s "$work/$1.agent-kill" ]; }
+for launcher in muster muster-warm; do if ran "$launcher"; then goal_a "$launcher"; fi; done
+for launcher in muster muster-warm; do if ran "$launcher"; then goal_b "$launcher"; fi; done

@@ -18,6 +18,7 @@ use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
+use crate::observe::{Observer, Sinks, Transition};
 use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
 use crate::signals::Delivery;
 use crate::store::RdzvStore;
@@ -26,34 +27,35 @@ use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
-use crate::telemetry::Events;
 
 /// How long the `--on-node-fault` hook may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Transition events: each with the time spent in the state it leaves.
+/// Transition events: each with the time spent in the state it leaves. Its observer turns them, with the
+/// inputs and faults, into the event log, the metrics and `/healthz` (see `observe`).
 pub struct Transitions {
-    events: Events,
-    run_id: String,
+    observer: Observer,
     from: &'static str,
     since: Instant,
 }
 
 impl Transitions {
-    pub fn new(cfg: &LaunchConfig) -> Transitions {
-        Transitions { events: cfg.events(), run_id: cfg.run_id.clone(), from: "init", since: Instant::now() }
+    pub fn new(cfg: &LaunchConfig, sinks: &Sinks) -> Transitions {
+        Transitions { observer: Observer::new(sinks, &cfg.run_id), from: "init", since: Instant::now() }
     }
 
-    pub fn go(&mut self, to: &'static str, detail: Value) {
-        let spent_ms = self.since.elapsed().as_secs_f64() * 1e3;
-        tracing::debug!(from = self.from, to, spent_ms, "transition");
-        let mut fields = json!({ "from": self.from, "to": to, "spent_ms": spent_ms, "run_id": self.run_id });
-        if let (Some(f), Value::Object(d)) = (fields.as_object_mut(), detail) {
-            f.extend(d);
-        }
-        self.events.emit("muster.agent.transition", fields);
+    /// Into `to`; `state` is None when set-up failed, `input_at` when the input that caused it arrived.
+    pub fn go(&mut self, state: Option<&State>, to: &'static str, detail: Value, input_at: Option<Instant>) {
+        let now = Instant::now();
+        let t = Transition { from: self.from, to, spent: now.saturating_duration_since(self.since), now, input_at };
+        self.observer.transition(t, state, detail);
         self.from = to;
-        self.since = Instant::now();
+        self.since = now;
+    }
+
+    /// The round just joined (before the transition it causes).
+    fn joined(&mut self, round: &RoundInfo) {
+        self.observer.joined(round, self.since.elapsed());
     }
 }
 
@@ -191,7 +193,12 @@ fn fail(e: impl Into<AgentError>) -> End {
 impl Agent {
     /// Opens the stores, registers with the rendezvous and starts the GPU watcher. A signal meanwhile ends
     /// it (`End::Interrupted`), as does any error.
-    pub async fn set_up(cfg: Arc<LaunchConfig>, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Agent, End> {
+    pub async fn set_up(
+        cfg: Arc<LaunchConfig>,
+        guard: Arc<OrphanGuard>,
+        gpu_job: bool,
+        sinks: &Sinks,
+    ) -> Result<Agent, End> {
         let mut signals = crate::signals::install(&cfg.signals).map_err(|e| fail(AgentError::Signals(e)))?;
         reaper::spawn_adopted_reaper(guard.clone());
         // A launch's first spawn follows within milliseconds: start paying the cgroup's first-move cost now.
@@ -246,14 +253,14 @@ impl Agent {
             ambient: Ambient { signals, watcher },
             state: State::new(job),
             faults: FaultLog::default(),
-            transitions: Transitions::new(&cfg),
+            transitions: Transitions::new(&cfg, sinks),
         })
     }
 
     /// Runs phases until the agent is done; emits every transition, the final one exactly once.
     pub async fn drive(mut self) -> End {
         let Agent { work, ambient, state, faults, transitions } = &mut self;
-        transitions.go(state.phase_name(), detail(state));
+        transitions.go(Some(state), state.phase_name(), detail(state), None);
         while !state.is_done() {
             let op = state.op();
             if matches!(op, Op::Start { .. }) {
@@ -261,26 +268,34 @@ impl Agent {
                 let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
                 work.spares.set_next_start_possible(next_start);
             }
-            let forward = {
+            let (completion, forward) = {
                 let run = work.operate(op.clone(), state.restart_count, state.nproc());
                 tokio::pin!(run);
                 loop {
                     let input = tokio::select! {
                         biased;
                         input = ambient.next() => input,
-                        input = &mut run => input,
+                        input = &mut run => break (Some(input), None),
                     };
-                    let completion = !matches!(input, Input::Signal(_) | Input::Notice(_) | Input::Fault(_));
                     let forward = apply(state, input, faults, transitions);
                     // A forward needs the group the operation holds: the watch is cancel-safe, so it is
                     // dropped, the signal sent, and the same operation started again.
-                    if completion || state.op() != op || forward.is_some() {
-                        break forward;
+                    if state.op() != op || forward.is_some() {
+                        break (None, forward);
                     }
                 }
             };
             if let (Some(sig), Some(group)) = (forward, work.group.as_ref()) {
                 group.notify(sig);
+            }
+            // The operation is over (dropped or done), so its round can be read.
+            if let Some(input) = completion {
+                if let (Input::Joined { .. }, Some((round, _, _))) = (&input, &work.round) {
+                    transitions.joined(round);
+                }
+                if let (Some(sig), Some(group)) = (apply(state, input, faults, transitions), work.group.as_ref()) {
+                    group.notify(sig);
+                }
             }
         }
         match std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded)) {
@@ -298,16 +313,21 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
     if let (Input::Signal(sig), Phase::Running | Phase::Stopping(_)) = (&input, &state.phase) {
         tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
     }
+    let seen = transitions.observer.before(&input, state);
     let mut forward = None;
     for effect in state::step(state, input) {
         match effect {
-            Effect::Fault(fault, verdict) => faults.record(&transitions.events, &fault, verdict),
+            Effect::Fault(fault, verdict) => {
+                let count = faults.record(&fault, verdict);
+                transitions.observer.fault(&fault, verdict, count);
+            }
             Effect::Forward(sig) => forward = Some(sig),
         }
     }
+    transitions.observer.after(&seen, state);
     let after = state.phase_name();
     if after != before || state.is_done() {
-        transitions.go(after, detail(state));
+        transitions.go(Some(state), after, detail(state), Some(seen.at()));
     }
     forward
 }

@@ -12,8 +12,6 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
-
 use super::state::{Cause, Effect, Phase, State, Verdict};
 use crate::gpu::health::Fault;
 use crate::gpu::xid::Action;
@@ -96,26 +94,22 @@ fn effective_action(state: &State, fault: &Fault) -> Action {
     }
 }
 
-/// Counts of GPU faults by GPU and kind, carried in every fault event (metric-ready).
+/// Counts of GPU faults by GPU and kind, carried in every fault event.
 #[derive(Default)]
 pub struct FaultLog {
     counts: BTreeMap<(u32, String), u64>,
 }
 
 impl FaultLog {
-    /// Counts the fault and emits its event with what was decided.
-    pub fn record(&mut self, events: &crate::telemetry::Events, fault: &Fault, verdict: Verdict) {
+    /// Counts the fault (returned: how many of its kind this GPU has had) and says what was decided when
+    /// it changes nothing; its event and metrics are the observer's.
+    pub fn record(&mut self, fault: &Fault, verdict: Verdict) -> u64 {
         let count = self.counts.entry((fault.gpu.index, fault.kind.to_string())).or_insert(0);
         *count += 1;
         if verdict != Verdict::Acted {
             tracing::info!(gpu = fault.gpu.index, "{} on GPU {}: {}", fault.kind, fault.gpu.index, verdict.as_str());
         }
-        events.emit(
-            "muster.gpu.fault",
-            json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "pci_bus_id": fault.gpu.pci_bus_id,
-                    "fault": fault.kind.to_string(), "xid": fault.kind.xid(), "action": fault.action.as_str(),
-                    "verdict": verdict.as_str(), "count": *count }),
-        );
+        *count
     }
 }
 

@@ -25,9 +25,11 @@ mod tests;
 use std::sync::Arc;
 
 use nix::sys::signal::Signal;
+use tracing::Instrument;
 
 use crate::config::LaunchConfig;
 use crate::gpu::health::Fault;
+use crate::observe::Sinks;
 use crate::rendezvous::RdzvError;
 use crate::store::StoreError;
 use crate::supervisor::failure::ProcessFailure;
@@ -70,16 +72,28 @@ pub enum Outcome {
 
 /// Runs the job on this node until it succeeds, fails for good, drains, or is stopped by a signal.
 /// `gpu_job`: the placement checked before start put the workers on GPUs, so every later placement must
-/// too (a GPU job never silently runs without its GPUs).
-pub async fn run(cfg: LaunchConfig, guard: Arc<OrphanGuard>, gpu_job: bool) -> Result<Outcome, AgentError> {
+/// too (a GPU job never silently runs without its GPUs). `sinks`: where events, metrics and health go
+/// (opened before anything started); the event log is written out before this returns.
+pub async fn run(
+    cfg: LaunchConfig,
+    guard: Arc<OrphanGuard>,
+    gpu_job: bool,
+    mut sinks: Sinks,
+) -> Result<Outcome, AgentError> {
     let cfg = Arc::new(cfg);
-    let end = match driver::Agent::set_up(cfg.clone(), guard, gpu_job).await {
-        Ok(agent) => agent.drive().await,
-        Err(end) => {
-            driver::Transitions::new(&cfg).go(end.name(), driver::end_detail(&end));
-            end
+    let end = async {
+        sinks.serve();
+        match driver::Agent::set_up(cfg.clone(), guard, gpu_job, &sinks).await {
+            Ok(agent) => agent.drive().await,
+            Err(end) => {
+                driver::Transitions::new(&cfg, &sinks).go(None, end.name(), driver::end_detail(&end), None);
+                end
+            }
         }
-    };
+    }
+    .instrument(crate::telemetry::agent_span(&cfg.run_id))
+    .await;
+    sinks.events.close();
     match end {
         state::End::Succeeded => Ok(Outcome::Succeeded),
         state::End::Failed(failures) => Ok(Outcome::Failed { name: cfg.entrypoint.name.clone(), failures }),

@@ -246,6 +246,26 @@ pub struct Cli {
           value_parser = non_negative_seconds, value_name = "SECONDS")]
     pub warm_spares_delay: f64,
 
+    /// muster: serve Prometheus metrics (`/metrics`) and a health check (`/healthz`: 200 while running or
+    /// re-forming, 503 when failing or draining) on this port; 0 lets the kernel pick one (the address is
+    /// logged). Off by default.
+    #[arg(long = "metrics-port", env = "MUSTER_METRICS_PORT", value_parser = port, value_name = "PORT")]
+    pub metrics_port: Option<u16>,
+
+    /// muster: the IP address the metrics endpoint listens on (default 127.0.0.1; 0.0.0.0 for every interface).
+    #[arg(long = "metrics-host", env = "MUSTER_METRICS_HOST", value_name = "ADDR")]
+    pub metrics_host: Option<String>,
+
+    /// muster: append every agent transition, GPU fault and recovery (with its phases) to this file, one JSON
+    /// object per line with timestamp, run id, round, restart count and group rank.
+    #[arg(long = "event-log", env = "MUSTER_EVENT_LOG", value_name = "PATH")]
+    pub event_log: Option<String>,
+
+    /// muster: the agent's own log lines as text or json (one object per line, with the run id, round, group
+    /// rank and restart count).
+    #[arg(long = "log-format", env = "MUSTER_LOG_FORMAT", default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+
     /// Print a shell completion script and exit (bash, zsh or tcsh).
     #[arg(long = "print-completion", alias = "print_completion", value_parser = ["bash", "zsh", "tcsh"])]
     pub print_completion: Option<String>,

@@ -14,6 +14,7 @@ use crate::gpu::placement::PlacementError;
 
 mod entrypoint;
 mod logs;
+mod observe;
 mod parse;
 mod rdzv;
 pub mod etcd;
@@ -73,7 +74,8 @@ pub struct LaunchConfig {
     pub signals_text: String,
     pub shutdown_timeout: Duration,
     pub virtual_local_rank: bool,
-    pub event_log_console: bool,
+    /// Metrics endpoint, event log and console events.
+    pub observe: crate::observe::ObserveConfig,
     /// What each GPU fault does.
     pub gpu_policy: crate::gpu::xid::Policy,
     /// `--numa-binding` mode (torch's names).
@@ -127,11 +129,6 @@ impl LaunchConfig {
     /// The first placement, checked before anything starts: an impossible one is bad input.
     pub fn placement(&self, nproc: u32, excluded: &BTreeSet<u32>) -> Result<Option<crate::gpu::topology::Plan>, ConfigError> {
         self.placement_strict(nproc, excluded, false).map_err(|e| bad(e.to_string()))
-    }
-
-    /// Where agent events go (`--event-log-handler`).
-    pub fn events(&self) -> crate::telemetry::Events {
-        crate::telemetry::Events { console: self.event_log_console }
     }
 }
 
@@ -210,7 +207,7 @@ impl LaunchConfig {
             signals_text: cli.signals_to_handle.clone(),
             shutdown_timeout: Duration::from_secs(u64::from(shutdown_timeout)),
             virtual_local_rank: cli.virtual_local_rank,
-            event_log_console: cli.event_log_handler == "console",
+            observe: observe::from_cli(cli)?,
             gpu_policy: crate::gpu::xid::Policy::parse(&cli.on_gpu_fault, &cli.xid_policy)
                 .map_err(|e| bad(e.to_string()))?,
             on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),

@@ -1,0 +1,266 @@
+//! Observability, fed from one place: the agent's transitions (`agent::driver::Transitions`) hand every
+//! transition, input and GPU fault to an [`Observer`], which updates the metrics (`metrics.rs`), `/healthz`
+//! (`health.rs`), the recovery phases (`recovery.rs`) and writes the event log (`events.rs`). `http.rs` serves
+//! `/metrics` and `/healthz`. Events, metric labels and JSON log lines carry the same identifiers: run id,
+//! round, restart count and group rank.
+//!
+//! The effects that can fail on bad input (binding the metrics port, opening the event log) happen in
+//! [`open`], before anything starts.
+
+pub mod events;
+pub mod health;
+pub mod http;
+pub mod metrics;
+pub mod recovery;
+
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::agent::state::{Input, Phase, State, Verdict};
+use crate::gpu::health::Fault;
+use crate::rendezvous::RdzvEvent;
+use events::EventLog;
+use health::Health;
+use metrics::Metrics;
+
+/// `--metrics-host`/`--metrics-port`, `--event-log`, `--event-log-handler`: checked by `config`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ObserveConfig {
+    pub metrics: Option<SocketAddr>,
+    pub event_log: Option<PathBuf>,
+    pub console_events: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ObserveError {
+    #[error(transparent)]
+    Bind(#[from] http::BindError),
+    #[error(transparent)]
+    EventLog(#[from] events::EventLogError),
+}
+
+/// Where observations go, opened before anything starts.
+pub struct Sinks {
+    pub events: EventLog,
+    pub metrics: Option<Arc<Metrics>>,
+    pub health: Arc<Health>,
+    listener: Option<TcpListener>,
+}
+
+/// Opens the event log and binds the metrics port (blocking; before the runtime exists).
+pub fn open(cfg: &ObserveConfig, run_id: &str, max_restarts: u32) -> Result<Sinks, ObserveError> {
+    let listener = cfg.metrics.map(http::bind).transpose()?;
+    let events = EventLog::open(cfg.console_events, cfg.event_log.as_deref())?;
+    let metrics = listener.is_some().then(|| Arc::new(Metrics::new(run_id, &crate::host::hostname(), max_restarts)));
+    Ok(Sinks { events, metrics, health: Arc::new(Health::default()), listener })
+}
+
+impl Sinks {
+    /// Starts serving `/metrics` and `/healthz` (within the runtime); logs the address.
+    pub fn serve(&mut self) {
+        let (Some(listener), Some(metrics)) = (self.listener.take(), self.metrics.clone()) else { return };
+        match http::spawn(listener, http::Shared { metrics, health: self.health.clone() }) {
+            Ok(addr) => tracing::info!("metrics on http://{addr}/metrics, health on http://{addr}/healthz"),
+            Err(e) => tracing::warn!("cannot serve the metrics endpoint: {e}; the job runs without it"),
+        }
+    }
+}
+
+/// The identifiers every observation carries.
+#[derive(Debug, Clone, Default)]
+struct Ids {
+    run_id: String,
+    round: Option<u64>,
+    group_rank: Option<u32>,
+    restart_count: u32,
+}
+
+/// What a step may change besides the phase, read before it.
+pub struct Before {
+    at: Instant,
+    restart_count: u32,
+    excluded: usize,
+    stop_cause: Option<&'static str>,
+}
+
+impl Before {
+    /// When the input arrived.
+    pub fn at(&self) -> Instant {
+        self.at
+    }
+}
+
+/// Turns the agent's transitions, inputs and faults into metrics, health, recovery phases and events.
+pub struct Observer {
+    events: EventLog,
+    metrics: Option<Arc<Metrics>>,
+    health: Arc<Health>,
+    ids: Ids,
+    recovery: recovery::Tracker,
+}
+
+fn membership_cause(event: &RdzvEvent) -> &'static str {
+    match event {
+        RdzvEvent::PeerLost(_) => "peer_lost",
+        RdzvEvent::JoinersWaiting => "joiners",
+        RdzvEvent::RoundChanged => "round_changed",
+        RdzvEvent::Closed => "closed",
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl Observer {
+    pub fn new(sinks: &Sinks, run_id: &str) -> Observer {
+        Observer {
+            events: sinks.events.clone(),
+            metrics: sinks.metrics.clone(),
+            health: sinks.health.clone(),
+            ids: Ids { run_id: run_id.to_string(), ..Ids::default() },
+            recovery: recovery::Tracker::default(),
+        }
+    }
+
+    fn ids(&self) -> Value {
+        let i = &self.ids;
+        json!({ "run_id": i.run_id, "round": i.round, "restart_count": i.restart_count, "group_rank": i.group_rank })
+    }
+
+    fn emit(&self, name: &str, fields: Value) {
+        let mut event = self.ids();
+        if let (Some(e), Value::Object(f)) = (event.as_object_mut(), fields) {
+            e.extend(f);
+        }
+        self.events.emit(name, event);
+    }
+
+    /// The node joined `round` after `spent` in the rendezvous.
+    pub fn joined(&mut self, round: &crate::rendezvous::RoundInfo, spent: Duration) {
+        self.ids.round = Some(round.round);
+        self.ids.group_rank = Some(round.group_rank);
+        let span = tracing::Span::current();
+        span.record("round", round.round);
+        span.record("group_rank", round.group_rank);
+        if let Some(m) = &self.metrics {
+            m.joined(round.round, round.group_rank, round.group_world_size, round.world_size, spent);
+        }
+    }
+
+    /// Reads what a step may change, and counts what the input itself says (worker exits, membership).
+    pub fn before(&self, input: &Input, state: &State) -> Before {
+        let stop_cause = match &state.phase {
+            Phase::Stopping(cause) => Some(cause.name()),
+            _ => None,
+        };
+        if let Some(m) = &self.metrics {
+            match input {
+                Input::WorkerFailed(f) => m.worker_exits(f.exitcode, 1),
+                Input::Stopped(failures) => failures.iter().for_each(|f| m.worker_exits(f.exitcode, 1)),
+                Input::Succeeded => m.worker_exits(0, u64::from(state.nproc())),
+                Input::Membership(event) | Input::JoinChanged(event) => m.membership(membership_cause(event)),
+                _ => {}
+            }
+        }
+        Before { at: Instant::now(), restart_count: state.restart_count, excluded: state.excluded.len(), stop_cause }
+    }
+
+    /// After a step: restarts spent and GPUs excluded (a membership change of this node).
+    pub fn after(&mut self, before: &Before, state: &State) {
+        self.ids.restart_count = state.restart_count;
+        let Some(m) = &self.metrics else { return };
+        if state.restart_count > before.restart_count {
+            m.restart(if before.stop_cause == Some("gpu fault") { "gpu_fault" } else { "worker_failure" });
+        }
+        if state.excluded.len() > before.excluded {
+            m.membership("gpu_excluded");
+        }
+        m.restarts_left(state.restarts_left());
+    }
+
+    /// A GPU fault and what was decided; `count` is how many of its kind this GPU has had.
+    pub fn fault(&self, fault: &Fault, verdict: Verdict, count: u64) {
+        if let Some(m) = &self.metrics {
+            m.gpu_fault(fault.kind.xid(), &fault.kind.to_string(), fault.action.as_str(), verdict.as_str());
+        }
+        self.emit(
+            "muster.gpu.fault",
+            json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "pci_bus_id": fault.gpu.pci_bus_id,
+                    "fault": fault.kind.to_string(), "xid": fault.kind.xid(), "action": fault.action.as_str(),
+                    "verdict": verdict.as_str(), "count": count }),
+        );
+    }
+
+    /// The agent went `from` → `to` at `now`, `spent` after entering `from`; `input_at` is when the input
+    /// that caused it arrived (None for the first and set-up transitions). `state` is None when set-up failed.
+    pub fn transition(&mut self, t: Transition, state: Option<&State>, detail: Value) {
+        let Transition { from, to, spent, now, input_at } = t;
+        tracing::debug!(from, to, spent_ms = ms(spent), "transition");
+        tracing::Span::current().record("restart", self.ids.restart_count);
+        let mut fields = json!({ "from": from, "to": to, "spent_ms": ms(spent) });
+        if let (Some(f), Value::Object(d)) = (fields.as_object_mut(), detail) {
+            f.extend(d);
+        }
+        self.emit("muster.agent.transition", fields);
+        // A set-up that failed (no state) is never healthy.
+        self.health.set(state.is_some_and(|s| health::healthy(&s.phase)), to);
+        let cause = match state.map(|s| &s.phase) {
+            Some(Phase::Stopping(c)) => c.name(),
+            _ => "",
+        };
+        if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause) {
+            self.recovered(&r);
+        }
+        let Some(m) = &self.metrics else { return };
+        m.state(to);
+        match (to, state) {
+            ("running", Some(s)) => m.local_workers(s.nproc()),
+            ("draining", _) => {
+                m.membership("drained");
+                m.local_workers(0);
+            }
+            ("running" | "stopping" | "starting", _) => {}
+            _ => m.local_workers(0),
+        }
+    }
+
+    fn recovered(&self, r: &recovery::Recovery) {
+        let [detect, stop, rendezvous, spawn] = r.phases;
+        tracing::info!(
+            "recovered from {} in {:.1} ms (detect {:.1}, stop {:.1}, rendezvous {:.1}, spawn {:.1})",
+            r.cause,
+            ms(r.total),
+            ms(detect),
+            ms(stop),
+            ms(rendezvous),
+            ms(spawn)
+        );
+        self.emit(
+            "muster.agent.recovery",
+            json!({ "cause": r.cause, "recovery_ms": ms(r.total), "detect_ms": ms(detect), "stop_ms": ms(stop),
+                    "rendezvous_ms": ms(rendezvous), "spawn_ms": ms(spawn) }),
+        );
+        if let Some(m) = &self.metrics {
+            m.recovery(&r.cause, r.phases, r.total);
+        }
+    }
+
+    /// Writes out the event log (the agent is done).
+    pub fn close(&self) {
+        self.events.close();
+    }
+}
+
+/// One transition, timed (the states by their event names).
+pub struct Transition {
+    pub from: &'static str,
+    pub to: &'static str,
+    pub spent: Duration,
+    pub now: Instant,
+    pub input_at: Option<Instant>,
+}
