@@ -24,6 +24,8 @@ cargo build --release --quiet
 cargo clippy --quiet --workspace --all-targets -- -D warnings
 # Integration tests start real torch workers; two at a time keeps a 2-core machine honest.
 cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+# The same store and rendezvous suites against etcd 3.5 (the run above used 3.4): both supported majors.
+MUSTER_ETCD="$MUSTER_ETCD_35" cargo test --quiet --lib -- --test-threads="${MUSTER_TEST_THREADS:-2}" etcd
 # The wheel, the .deb and the Kubernetes manifests, from the release build above.
 scripts/package-test.sh
 # Chaos, bounded (a few minutes on 2 cores): workers, agents, the store and fake GPUs broken on purpose.

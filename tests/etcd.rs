@@ -134,8 +134,10 @@ fn the_first_agent_killed_the_others_reform_and_a_fourth_scales_the_group_up() {
     assert!(two.iter().all(|s| s.node != "a" && s.restart_count == 0), "{two:?}");
     assert!(victims.iter().all(|p| !alive(*p)), "the killed agent's workers outlived it");
     others.push(job.worker_agent("d", "2:4", conf));
-    let scaled = wait_world(job.path(), 6, 6);
-    assert!(scaled.iter().any(|s| s.node == "d"), "{scaled:?}");
+    let joined = || starts(job.path()).iter().filter(|s| s.node == "d").count() == 2;
+    assert!(eventually(LONG, joined), "the fourth agent never started its workers: {}", others[2].log());
+    let scaled: Vec<Start> = wait_world(job.path(), 6, 12).into_iter().skip(6).collect();
+    assert!(scaled.iter().filter(|s| s.node == "d").count() == 2, "{scaled:?}");
     assert!(scaled.iter().all(|s| s.restart_count == 0), "a membership change spent a restart: {scaled:?}");
     job.finish();
     for a in &mut others {
@@ -159,7 +161,8 @@ fn an_etcd_outage_leaves_training_running_and_a_peer_lost_meanwhile_is_handled_a
     kill9(&victim);
     std::thread::sleep(Duration::from_secs(10));
     let survivors: Vec<i32> = world.iter().filter(|s| s.node != "c").map(|s| s.pid).collect();
-    assert!(survivors.iter().all(|p| alive(*p)), "a worker ended during the etcd outage: {world:?}");
+    let logs = || agents.iter().map(|a| a.log()).collect::<Vec<_>>().join("\n---\n");
+    assert!(survivors.iter().all(|p| alive(*p)), "a worker ended during the etcd outage: {world:?}\n{}", logs());
     assert!(agents.iter().all(|a| a.guard.0.id() > 0 && alive(a.guard.pid())));
     etcd.start_all();
     let after = world_of(&job, 4, 4, &agents.iter().collect::<Vec<_>>());
@@ -170,7 +173,10 @@ fn an_etcd_outage_leaves_training_running_and_a_peer_lost_meanwhile_is_handled_a
         let log = a.log();
         assert_eq!(count(&log, "etcd does not answer"), 1, "the outage is said once: {log}");
         assert!(count(&log, "etcd answers again") >= 1, "{log}");
-        assert_eq!(count(&log, "WARN"), 1, "one warning for the whole outage: {log}");
+        // Until etcd is back: what follows is the re-formation without the lost peer.
+        let outage = log.lines().take_while(|l| !l.contains("etcd answers again"));
+        let warnings: Vec<&str> = outage.filter(|l| l.contains(" WARN ") && !l.contains("OMP_NUM_THREADS")).collect();
+        assert_eq!(warnings.len(), 1, "one warning for the whole outage: {warnings:#?}");
     }
 }
 

@@ -283,12 +283,12 @@ impl Cluster {
 
 const AUTHENTICATE: &str = "/v3/auth/authenticate";
 
-/// What an error reply means: members that are electing or lost quorum answer 503/Unavailable or a
-/// deadline (try another); an expired token is authenticated again; the rest is the request's fault.
+/// What an error reply means: members that are electing, lost quorum or are shutting down answer
+/// 503/Unavailable, a deadline or Cancelled (try another); an expired token is authenticated again; the rest is the request's fault.
 fn classify(status: u16, reply: ErrorReply, url: impl Fn() -> String) -> Failure {
     let message = if reply.message.is_empty() { reply.error } else { reply.message };
     match reply.code {
-        wire::CODE_UNAVAILABLE | wire::CODE_DEADLINE => Failure::Transient(message),
+        wire::CODE_UNAVAILABLE | wire::CODE_DEADLINE | wire::CODE_CANCELLED => Failure::Transient(message),
         wire::CODE_UNAUTHENTICATED => Failure::Token,
         _ if matches!(status, 502..=504) => Failure::Transient(message),
         code => Failure::Final(StoreError::Etcd { endpoint: url(), code, message }),
@@ -325,6 +325,7 @@ mod tests {
         let table = [
             (503, reply(14, "etcdserver: no leader"), "retry"),
             (503, reply(0, "upstream"), "retry"),
+            (500, reply(1, "grpc: the client connection is closing"), "retry"),
             (408, reply(4, "etcdserver: request timed out"), "retry"),
             (401, reply(16, "etcdserver: invalid auth token"), "token"),
             (404, reply(5, "etcdserver: requested lease not found"), "final"),

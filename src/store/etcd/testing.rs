@@ -1,5 +1,6 @@
 //! A single-member etcd on loopback for tests: `MUSTER_ETCD` names the binary (scripts/test.sh runs the
-//! suite against 3.4 and 3.5 that way), else `etcd` on PATH. A missing etcd fails the test, never skips it.
+//! suite against 3.5 that way), else `MUSTER_ETCD_34`, else `etcd` on PATH. A missing etcd fails the test,
+//! never skips it.
 
 use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
@@ -21,7 +22,7 @@ impl TestEtcd {
     /// Started and listening. A port picked free can be taken (by any outgoing connection) before etcd
     /// binds it: then etcd exits, and it is started again on other ports.
     pub fn start() -> TestEtcd {
-        let binary = std::env::var("MUSTER_ETCD").unwrap_or_else(|_| "etcd".into());
+        let binary = std::env::var("MUSTER_ETCD").or_else(|_| std::env::var("MUSTER_ETCD_34")).unwrap_or_else(|_| "etcd".into());
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let (client, peer) = (free_port(), free_port());

@@ -153,7 +153,8 @@ pub struct ErrorReply {
 }
 
 /// gRPC status codes the client acts on.
-pub const CODE_INVALID_ARGUMENT: i64 = 3;
+/// Cancelled: the gateway's own connection to its member is closing (the member is shutting down).
+pub const CODE_CANCELLED: i64 = 1;
 pub const CODE_NOT_FOUND: i64 = 5;
 pub const CODE_UNAVAILABLE: i64 = 14;
 pub const CODE_UNAUTHENTICATED: i64 = 16;
