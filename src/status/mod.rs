@@ -323,6 +323,24 @@ mod tests {
         assert_eq!((t.endpoint.as_str(), host.as_str(), *port), ("[::1]:29500", "::1", 29500));
     }
 
+    #[test]
+    fn the_token_comes_from_the_flag_then_the_agents_rdzv_conf() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, token: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, token).unwrap();
+            path.display().to_string()
+        };
+        let (flag, conf) = (file("flag", "t1\n"), file("conf", "t2"));
+        let token = |args: &[&str]| match target_of(args).unwrap().backend {
+            Backend::Tcp { token, .. } => token,
+            Backend::Etcd(_) => panic!("a TCP target"),
+        };
+        let conf = format!("token_file={conf},join_timeout=5");
+        assert_eq!(token(&["--rdzv-endpoint", "h", "--rdzv-id", "j", "--rdzv-conf", &conf]), b"t2");
+        assert_eq!(token(&["--rdzv-endpoint", "h", "--rdzv-id", "j", "--rdzv-conf", &conf, "--token-file", &flag]), b"t1");
+    }
+
     #[tokio::test]
     async fn a_closed_port_is_unreachable_within_the_timeout_in_one_line() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("port").port();
