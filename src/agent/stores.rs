@@ -7,10 +7,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use super::AgentError;
-use crate::config::etcd::EtcdTarget;
+use crate::config::etcd;
 use crate::config::{LaunchConfig, Rendezvous};
 use crate::rendezvous::RdzvError;
-use crate::store::etcd::{EtcdOptions, EtcdStore};
+use crate::store::etcd::EtcdStore;
 use crate::store::remote::RemoteStore;
 use crate::store::RdzvStore;
 use crate::store::tcp::{Server, ServerConfig};
@@ -31,26 +31,11 @@ fn server_config(keepalive: Option<Duration>, token: Option<Vec<u8>>) -> ServerC
 /// reached over TCP in any case.
 pub async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RdzvStore), AgentError> {
     if let Rendezvous::Etcd(target) = &cfg.rendezvous {
-        let store = EtcdStore::connect(&etcd_options(cfg, target), cfg.rdzv.join_timeout).await?;
+        let store = EtcdStore::connect(&etcd::options(target, cfg.etcd_credentials.clone(), &cfg.rdzv), cfg.rdzv.join_timeout).await?;
         return Ok((None, RdzvStore::Etcd(store)));
     }
     let (hosted, store) = open_tcp_store(cfg).await?;
     Ok((hosted, RdzvStore::Tcp(store)))
-}
-
-/// etcd's settings from the rendezvous keys: a node killed is gone after its heartbeats would have
-/// missed (`keep_alive_interval` × `keep_alive_max_attempt`), every request bounded by `read_timeout`.
-fn etcd_options(cfg: &LaunchConfig, target: &EtcdTarget) -> EtcdOptions {
-    let r = &cfg.rdzv;
-    EtcdOptions {
-        endpoints: target.endpoints.clone(),
-        tls: target.tls.clone(),
-        credentials: cfg.etcd_credentials.clone(),
-        namespace: target.namespace.clone(),
-        lease_ttl: (r.keep_alive_interval * r.keep_alive_max_attempt).max(Duration::from_secs(2)),
-        request_timeout: r.read_timeout,
-        beat_timeout: r.heartbeat_timeout.mul_f64(0.8),
-    }
 }
 
 async fn open_tcp_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RemoteStore), AgentError> {

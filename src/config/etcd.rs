@@ -7,9 +7,10 @@
 //! never the command line (which every user of the machine can read).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use super::{bad, parse_endpoint, ConfigError, EtcdProtocol, RdzvConf};
-use crate::store::etcd::{Credentials, TlsFiles};
+use crate::store::etcd::{Credentials, EtcdOptions, TlsFiles};
 
 pub const USER_ENV: &str = "MUSTER_ETCD_USER";
 pub const PASSWORD_ENV: &str = "MUSTER_ETCD_PASSWORD";
@@ -58,6 +59,21 @@ pub fn target(endpoint: &str, conf: &RdzvConf) -> Result<EtcdTarget, ConfigError
         return Err(bad(format!("invalid value '{prefix}' for '--rdzv-conf etcd_prefix': use a path such as /jobs")));
     }
     Ok(EtcdTarget { endpoints, tls, namespace })
+}
+
+/// The etcd handle's settings from the rendezvous keys (the agent's and `muster status`'s): a node killed is
+/// gone after its heartbeats would have missed (`keep_alive_interval` × `keep_alive_max_attempt`), every
+/// request bounded by `read_timeout`.
+pub fn options(target: &EtcdTarget, credentials: Option<Credentials>, rdzv: &RdzvConf) -> EtcdOptions {
+    EtcdOptions {
+        endpoints: target.endpoints.clone(),
+        tls: target.tls.clone(),
+        credentials,
+        namespace: target.namespace.clone(),
+        lease_ttl: (rdzv.keep_alive_interval * rdzv.keep_alive_max_attempt).max(Duration::from_secs(2)),
+        request_timeout: rdzv.read_timeout,
+        beat_timeout: rdzv.heartbeat_timeout.mul_f64(0.8),
+    }
 }
 
 fn tls_files(cacert: Option<PathBuf>, cert: Option<PathBuf>, key: Option<PathBuf>) -> Result<TlsFiles, ConfigError> {
