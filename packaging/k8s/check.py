@@ -59,7 +59,7 @@ def read_table(path):
         words = " ".join(cells[1:]).lower()
         if re.fullmatch(r"\d+", cells[0]):
             codes = [int(cells[0])]
-        elif re.fullmatch(r"128\s*\+\s*n", cells[0]):
+        elif re.fullmatch(r"128\s*\+\s*n", cells[0], re.IGNORECASE):
             codes = [128 + n for n in range(1, 32)]
         else:
             continue
