@@ -115,23 +115,25 @@ fn the_etcd_leader_killed_mid_run_the_job_finishes_without_a_restart() {
     assert_eq!((r["world_size"].as_i64(), r["restart_count"].as_i64(), r["steps"].as_i64()), (Some(6), Some(0), Some(20)), "{r}");
 }
 
-/// The agent that joined first (the store's host under c10d) is killed: the other two re-form without it
-/// once its lease ends, spending no restart; a fourth agent joins later and the group scales up.
+/// The agent that joined first (group rank 0, the store's host under c10d) is killed: the other two re-form
+/// without it once its lease ends, spending no restart; a fourth agent joins later and the group scales up.
 #[test]
 fn the_first_agent_killed_the_others_reform_and_a_fourth_scales_the_group_up() {
     let etcd = EtcdCluster::start(3, false);
     let job = Job::new(&etcd);
     let conf = "last_call_timeout=3";
     let first = job.worker_agent("a", "2:4", conf);
-    // Registered in etcd before the others start: the node that joined first.
+    // Registered in etcd before the others start, so it joins first.
     assert!(eventually(LONG, || first.log().contains("rdzv_backend=etcd")), "{}", first.log());
-    let mut others = vec![job.worker_agent("b", "2:4", conf), job.worker_agent("c", "2:4", conf)];
+    let mut others = vec![first, job.worker_agent("b", "2:4", conf), job.worker_agent("c", "2:4", conf)];
     let three = wait_world(job.path(), 6, 6);
-    let victims: Vec<i32> = three.iter().filter(|s| s.node == "a").map(|s| s.pid).collect();
-    assert!(three.iter().any(|s| s.node == "a" && s.group_rank == 0), "the first agent is group rank 0: {three:?}");
-    kill9(&first);
+    // Group rank 0: the node that serves the workers' store (and would host the rendezvous under c10d).
+    let host = three.iter().find(|s| s.group_rank == 0).map(|s| s.node.clone()).expect("a group rank 0");
+    let index = ["a", "b", "c"].iter().position(|n| *n == host).expect("a known node");
+    let victims: Vec<i32> = three.iter().filter(|s| s.node == host).map(|s| s.pid).collect();
+    kill9(&others.remove(index));
     let two = wait_world(job.path(), 4, 4);
-    assert!(two.iter().all(|s| s.node != "a" && s.restart_count == 0), "{two:?}");
+    assert!(two.iter().all(|s| s.node != host && s.restart_count == 0), "{two:?}");
     assert!(victims.iter().all(|p| !alive(*p)), "the killed agent's workers outlived it");
     others.push(job.worker_agent("d", "2:4", conf));
     let joined = || starts(job.path()).iter().filter(|s| s.node == "d").count() == 2;
