@@ -60,6 +60,7 @@ pub struct EtcdStore {
     namespace: Arc<str>,
     timeout: Duration,
     beat_timeout: Duration,
+    version: String,
 }
 
 impl EtcdStore {
@@ -80,7 +81,13 @@ impl EtcdStore {
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
             beat_timeout: opts.beat_timeout,
+            version: status.version,
         })
+    }
+
+    /// The etcd version the member reached at connect reported (e.g. `3.5.17`).
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// The members' URLs, comma-separated.
