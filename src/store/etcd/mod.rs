@@ -51,16 +51,6 @@ pub struct EtcdOptions {
     pub beat_timeout: Duration,
 }
 
-/// The pause before another try of a compare another writer won: uniformly random up to 2 ms doubled with
-/// each conflict, at most 256 ms. N nodes taking a slot of the same counter at once would otherwise retry in
-/// lock-step, one winning each time: O(N) requests each (1024 nodes, 10^6 requests on one etcd).
-fn conflict_backoff(conflicts: u32) -> Duration {
-    use std::hash::BuildHasher;
-    let ceiling = Duration::from_millis(2 << conflicts.min(7));
-    let unit = (std::collections::hash_map::RandomState::new().hash_one(conflicts) % 1024) as f64 / 1024.0;
-    ceiling.mul_f64(unit)
-}
-
 /// etcd's default `--max-txn-ops`: the most operations one transaction may hold.
 const MAX_TXN_OPS: usize = 128;
 
@@ -146,12 +136,12 @@ impl Store for EtcdStore {
     }
 
     /// Read, then write compared on the revision read; when another writer came in between, the failed
-    /// transaction's read is the next try's, after a jittered back-off ([`conflict_backoff`]). Adding 0 is a
-    /// read only: a write would fail every concurrent adder's compare.
+    /// transaction's read is the next try's (one request a try, not two). Adding 0 is a read only: a write
+    /// would fail every concurrent adder's compare. N adders at once still take O(N) tries each (the README's
+    /// etcd benchmark; a jittered back-off traded latency for requests and was left out).
     async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         let key = self.full(key);
         let mut current = self.range(&key).await?;
-        let mut conflicts = 0u32;
         loop {
             let now = match &current {
                 None => 0,
@@ -174,8 +164,6 @@ impl Store for EtcdStore {
                 return Ok(new);
             }
             current = reply.responses.into_iter().next().and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
-            tokio::time::sleep(conflict_backoff(conflicts)).await;
-            conflicts = conflicts.saturating_add(1);
         }
     }
 
