@@ -48,7 +48,7 @@ pub(super) struct Report {
     ops_by_kind: BTreeMap<&'static str, u64>,
     /// etcd only: the requests etcd answered during the run (its own count, from its metrics), a node's
     /// share and by method. A store operation can be several requests: `add` is a read and a compare-and-set
-    /// transaction, again while other nodes' writes come in between; each `wait` opens a watch.
+    /// transaction, and one more for each other node's write that came in between; each `wait` opens a watch.
     #[serde(skip_serializing_if = "Option::is_none")]
     etcd_requests_per_node: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -93,7 +93,11 @@ impl Report {
     }
 
     /// Adds what etcd answered between two reads of its counters ([`super::backend::Connect::etcd_requests`]).
-    pub(super) fn with_etcd_requests(mut self, before: Option<BTreeMap<String, u64>>, after: Option<BTreeMap<String, u64>>) -> Report {
+    pub(super) fn with_etcd_requests(
+        mut self,
+        before: Option<BTreeMap<String, u64>>,
+        after: Option<BTreeMap<String, u64>>,
+    ) -> Report {
         if let (Some(before), Some(after)) = (before, after) {
             let served: BTreeMap<String, u64> = after
                 .into_iter()
