@@ -9,15 +9,27 @@
 # of the launcher and the descendants it reaped; the workers here are `true` (a few MiB at most), so it
 # is the launcher's own peak RSS.
 #
+# METRICS=1 runs muster with --metrics-port=0 (its Prometheus endpoint and /healthz served from the start),
+# to compare launch with the metrics endpoint on and off; the job ends long before a scraper would come.
+# LAUNCHERS picks the launchers (default "muster torchrun"; the ratios need both).
+#
 # Usage: scripts/bench/launch.sh            RUNS=20 scripts/bench/launch.sh
+#        METRICS=1 LAUNCHERS=muster RUNS=21 scripts/bench/launch.sh
 set -euo pipefail
 export LC_ALL=C # '.' as the decimal point, for EPOCHREALTIME, printf and awk alike
 if [ -z "${EPOCHREALTIME:-}" ]; then echo "bench: needs bash >= 5 (EPOCHREALTIME)" >&2; exit 2; fi
 cd "$(dirname "$0")/../.."
 
 RUNS="${RUNS:-10}"
+METRICS="${METRICS:-0}"
+read -r -a LAUNCHERS <<<"${LAUNCHERS:-muster torchrun}"
 source scripts/lib.sh
 require_positive_ints RUNS
+case "$METRICS" in 0 | 1) ;; *) echo "METRICS must be 0 (off) or 1 (muster serves metrics), got '$METRICS'" >&2; exit 2 ;; esac
+for l in "${LAUNCHERS[@]}"; do
+    case "$l" in muster | torchrun) ;; *) echo "LAUNCHERS: unknown launcher '$l' (muster, torchrun)" >&2; exit 2 ;; esac
+done
+ran() { [[ " ${LAUNCHERS[*]} " == *" $1 "* ]]; }
 
 cargo build --release --quiet
 ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
@@ -64,14 +76,11 @@ bench() {
     done
 }
 
-echo "launch benchmark: 2 workers running 'true', $RUNS runs each ($(nproc) CPUs, torch $("$MUSTER_PYTHON" -c "import torch; print(torch.__version__)"))"
-bench muster "$MUSTER" --standalone --nproc-per-node=2 --no-python true
-bench torchrun "$TORCHRUN" --standalone --nproc-per-node=2 --no-python true
-
-m_wall="$(median "$work/muster.wall")"
-m_rss="$(median "$work/muster.rss")"
-t_wall="$(median "$work/torchrun.wall")"
-t_rss="$(median "$work/torchrun.rss")"
+metrics=()
+[ "$METRICS" = 1 ] && metrics=(--metrics-port=0)
+echo "launch benchmark: 2 workers running 'true', $RUNS runs each, muster's metrics $([ "$METRICS" = 1 ] && echo on || echo off) ($(nproc) CPUs, load $(cut -d' ' -f1-3 /proc/loadavg), torch $("$MUSTER_PYTHON" -c "import torch; print(torch.__version__)"))"
+if ran muster; then bench muster "$MUSTER" --standalone --nproc-per-node=2 "${metrics[@]}" --no-python true; fi
+if ran torchrun; then bench torchrun "$TORCHRUN" --standalone --nproc-per-node=2 --no-python true; fi
 
 echo
 printf '%-10s %15s %20s\n' launcher "median wall" "median peak RSS"
@@ -79,10 +88,12 @@ row() { # row NAME WALL_S RSS_KIB
     printf '%-10s %12.1f ms %16.1f MiB\n' "$1" "$(awk -v w="$2" 'BEGIN { print w * 1000 }')" \
         "$(awk -v k="$3" 'BEGIN { print k / 1024 }')"
 }
-row muster "$m_wall" "$m_rss"
-row torchrun "$t_wall" "$t_rss"
-echo
-awk -v mw="$m_wall" -v tw="$t_wall" -v mr="$m_rss" -v tr="$t_rss" 'BEGIN {
-    printf "wall time ratio (torchrun/muster): %.1fx\n", tw / mw
-    printf "peak RSS ratio  (torchrun/muster): %.1fx\n", tr / mr
-}'
+for l in "${LAUNCHERS[@]}"; do row "$l" "$(median "$work/$l.wall")" "$(median "$work/$l.rss")"; done
+if ran muster && ran torchrun; then
+    echo
+    awk -v mw="$(median "$work/muster.wall")" -v tw="$(median "$work/torchrun.wall")" \
+        -v mr="$(median "$work/muster.rss")" -v tr="$(median "$work/torchrun.rss")" 'BEGIN {
+        printf "wall time ratio (torchrun/muster): %.1fx\n", tw / mw
+        printf "peak RSS ratio  (torchrun/muster): %.1fx\n", tr / mr
+    }'
+fi

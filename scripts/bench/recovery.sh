@@ -110,16 +110,18 @@ free_port() {
     "$MUSTER_PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# scrape LOG: once the agent whose log is LOG says where its metrics are, GETs them every 100 ms.
+# scrape LOG COUNT: once the agent whose log is LOG says where its metrics are, GETs them every 100 ms,
+# a line in COUNT for each answered scrape (so a run shows that scraping happened).
 scrape() {
     local addr="" i
-    for ((i = 0; i < 600 && -z "$addr"; i++)); do
+    for ((i = 0; i < 600; i++)); do
         addr="$(sed -n 's|.*metrics on http://\([^/]*\)/metrics.*|\1|p' "$1" | head -n 1)"
-        [ -z "$addr" ] && sleep 0.05
+        [ -n "$addr" ] && break
+        sleep 0.05
     done
     [ -z "$addr" ] && return
     while :; do
-        curl -s -o /dev/null --max-time 1 "http://$addr/metrics" || true
+        if curl -s -f -o /dev/null --max-time 1 "http://$addr/metrics"; then echo >>"$2"; fi
         sleep 0.1
     done
 }
@@ -128,6 +130,7 @@ scrape() {
 start_job() {
     local launcher="$1" dir="$2" run_id="bench$RANDOM$RANDOM" port i
     mkdir -p "$dir/running"
+    : >"$dir/scrapes"
     # The agents' redirections happen in the background; the port is read from a.log before they may have.
     : >"$dir/a.log"
     local common=(--nnodes=1:2 --nproc-per-node=2 --rdzv-backend=c10d "--rdzv-id=$run_id" --max-restarts=3)
@@ -152,9 +155,9 @@ start_job() {
             "$WORKER" "$dir" >"$dir/b.log" 2>&1 &
         agents+=("$!")
         if [ "$METRICS" = 1 ]; then
-            scrape "$dir/a.log" &
+            scrape "$dir/a.log" "$dir/scrapes" &
             scrapers+=("$!")
-            scrape "$dir/b.log" &
+            scrape "$dir/b.log" "$dir/scrapes" &
             scrapers+=("$!")
         fi
     else
@@ -200,8 +203,9 @@ run_scenario() {
     if [[ "$secs" =~ ^[0-9] ]]; then
         echo "$secs" >>"$work/$launcher.$scenario"
         read -r total share <<<"$secs"
-        printf '  %-8s %-12s run %d/%d: %8.1f ms (last worker spawned after %.1f ms)\n' "$launcher" "$scenario" "$run" \
-            "$RUNS" "$(awk -v s="$total" 'BEGIN { print s * 1000 }')" "$(awk -v s="$share" 'BEGIN { print s * 1000 }')"
+        printf '  %-8s %-12s run %d/%d: %8.1f ms (last worker spawned after %.1f ms)%s\n' "$launcher" "$scenario" "$run" \
+            "$RUNS" "$(awk -v s="$total" 'BEGIN { print s * 1000 }')" "$(awk -v s="$share" 'BEGIN { print s * 1000 }')" \
+            "$([ "$METRICS" = 1 ] && [ "$launcher" != torchrun ] && echo ", $(wc -l <"$dir/scrapes" 2>/dev/null || echo 0) scrapes answered")"
     elif [ "$secs" = exited ]; then
         echo "x" >>"$work/$launcher.$scenario"
         printf '  %-8s %-12s run %d/%d: did not recover: every agent exited (see its last lines below)\n' "$launcher" \

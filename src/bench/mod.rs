@@ -8,22 +8,32 @@
 //! Every node connects and registers first, then all of them call `next_round` at once (a barrier): the join
 //! phase is the worst case, N nodes contending at the same instant.
 //!
+//! `--backend etcd` runs the same nodes against etcd v3 instead, each with its own [`EtcdStore`] (its own HTTP
+//! connections, lease and watches, as an agent's), under a namespace of this run's own: an etcd named with
+//! `--etcd-endpoint`, or a single member the bench starts on loopback and stops.
+//!
 //! [`Rendezvous::register`]: crate::rendezvous::Rendezvous::register
 //! [`Rendezvous::next_round`]: crate::rendezvous::Rendezvous::next_round
 //! [`RemoteStore`]: crate::store::remote::RemoteStore
+//! [`EtcdStore`]: crate::store::etcd::EtcdStore
 
+mod backend;
 mod capacity;
 mod counting;
+mod etcd;
 mod report;
 mod server;
 mod sim;
 
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 
+use crate::config::RdzvConf;
 use crate::rendezvous::{RdzvError, Settings};
 use crate::store::StoreError;
+use backend::StorePlan;
 use report::Report;
 use sim::simulate;
 
@@ -65,6 +75,22 @@ struct RendezvousArgs {
     /// Print the result as one JSON object instead of the summary line.
     #[arg(long)]
     json: bool,
+    /// The rendezvous store: muster's own (a `muster store` child on loopback) or etcd v3.
+    #[arg(long, value_enum, default_value_t = Backend::Tcp)]
+    backend: Backend,
+    /// With --backend etcd: the etcd members to use (host:port[,host:port...]); without it the bench starts a
+    /// single-member etcd on loopback in a temporary directory, and stops it.
+    #[arg(long, value_name = "HOST:PORT")]
+    etcd_endpoint: Option<String>,
+    /// With --backend etcd and no --etcd-endpoint: the etcd binary to start (default: `etcd` on PATH).
+    #[arg(long, value_name = "PATH")]
+    etcd_binary: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Backend {
+    Tcp,
+    Etcd,
 }
 
 /// Why a benchmark could not run or did not complete.
@@ -76,6 +102,8 @@ enum BenchError {
     Runtime(std::io::Error),
     #[error("cannot start the store server: {0}")]
     StoreProcess(String),
+    #[error("etcd: {0}")]
+    Etcd(StoreError),
     #[error("node {node}: cannot connect to the store: {source}")]
     Connect { node: u32, source: StoreError },
     #[error("node {node}: {source}")]
@@ -153,7 +181,7 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     };
     let timeout = secs("timeout", args.timeout)?;
     let last_call = secs("last-call-timeout", args.last_call_timeout)?;
-    let max_connections = capacity::max_connections(nodes, capacity::Host::this()).map_err(BenchError::Usage)?;
+    let plan = store_plan(args, capacity::Host::this())?;
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -174,8 +202,51 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         node_rank: None,
         strict_rank: false,
     };
-    let outcome = runtime.block_on(simulate(nodes, args.nproc, settings, timeout, max_connections));
+    let outcome = runtime.block_on(async {
+        let (service, connect, store) = backend::start(&plan, &settings, timeout).await?;
+        let connect = std::sync::Arc::new(connect);
+        let before = connect.etcd_requests().await;
+        let outcome = simulate(nodes, args.nproc, settings, timeout, &connect, store).await;
+        let after = connect.etcd_requests().await;
+        service.stop().await;
+        Ok(outcome?.with_etcd_requests(before, after))
+    });
     // Simulated nodes may still be connected (a failed run): don't wait for them.
     runtime.shutdown_background();
     outcome
 }
+
+/// The store the command line asks for, checked before anything starts: the etcd flags go with
+/// `--backend etcd` only, and the host must hold the nodes' connections.
+fn store_plan(args: &RendezvousArgs, host: capacity::Host) -> Result<StorePlan, BenchError> {
+    let (nodes, endpoint, binary) = (args.nodes, args.etcd_endpoint.as_deref(), args.etcd_binary.as_ref());
+    if args.backend == Backend::Tcp {
+        return match (endpoint, binary) {
+            (None, None) => Ok(StorePlan::Tcp {
+                max_connections: capacity::max_connections(nodes, host).map_err(BenchError::Usage)?,
+            }),
+            (Some(_), _) => Err(BenchError::Usage("--etcd-endpoint needs --backend etcd".into())),
+            (None, Some(_)) => Err(BenchError::Usage("--etcd-binary needs --backend etcd".into())),
+        };
+    }
+    capacity::etcd_fits(nodes, host).map_err(BenchError::Usage)?;
+    match (endpoint, binary) {
+        (Some(_), Some(_)) => Err(BenchError::Usage(
+            "--etcd-binary starts an etcd of the bench's own and --etcd-endpoint names one running: give one of them"
+                .into(),
+        )),
+        (Some(endpoint), None) => {
+            // The syntax of --rdzv-endpoint with --rdzv-backend etcd, so its messages name that flag.
+            let usage = |e: crate::config::ConfigError| {
+                BenchError::Usage(e.to_string().replace("'--rdzv-endpoint'", "'--etcd-endpoint'"))
+            };
+            let target = crate::config::etcd::target(endpoint, &RdzvConf::default()).map_err(usage)?;
+            let credentials = crate::config::etcd::credentials(&|k| std::env::var(k).ok()).map_err(usage)?;
+            Ok(StorePlan::EtcdAt { target, credentials })
+        }
+        (None, binary) => Ok(StorePlan::EtcdStart { binary: binary.cloned().unwrap_or_else(|| "etcd".into()) }),
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -20,6 +20,8 @@ struct OpsSummary {
 /// The benchmark's result, printed as a summary line or as JSON.
 #[derive(Debug, Serialize)]
 pub(super) struct Report {
+    /// The store the nodes used: `muster store`, or `etcd VERSION at ENDPOINTS`.
+    store: String,
     nodes: u32,
     min: u32,
     max: u32,
@@ -44,6 +46,13 @@ pub(super) struct Report {
     written_bytes_per_node: OpsSummary,
     /// All nodes' operations by kind.
     ops_by_kind: BTreeMap<&'static str, u64>,
+    /// etcd only: the requests etcd answered during the run (its own count, from its metrics), a node's
+    /// share and by method. A store operation can be several requests: `add` is a read and a compare-and-set
+    /// transaction, and one more for each other node's write that came in between; each `wait` opens a watch.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd_requests_per_node: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd_requests_by_method: Option<BTreeMap<String, u64>>,
     /// Empty when the round is right: N distinct group ranks 0..N-1, the same members everywhere,
     /// world_size = N * nproc.
     pub(super) problems: Vec<String>,
@@ -60,14 +69,16 @@ impl Report {
         } else {
             format!("CHECK FAILED: {}", self.problems.join("; "))
         };
+        let etcd = self.etcd_requests_per_node.map_or(String::new(), |n| format!("etcd requests/node {n:.1}; "));
         format!(
-            "rendezvous {} nodes (min {}, max {}, nproc {}): all sealed in {:.1} ms (connect+register {:.1} ms, \
+            "rendezvous {} nodes (min {}, max {}, nproc {}) on {}: all sealed in {:.1} ms (connect+register {:.1} ms, \
              join {:.1} ms, per node p50 {:.1} ms p99 {:.1} ms); store ops/node mean {:.1} max {} (join: mean {:.1} \
-             max {}); read/node mean {:.1} KiB; {check}",
+             max {}); read/node mean {:.1} KiB; {etcd}{check}",
             self.nodes,
             self.min,
             self.max,
             self.nproc,
+            self.store,
             self.total_ms,
             self.register_ms,
             self.join_ms,
@@ -80,10 +91,31 @@ impl Report {
             self.read_bytes_per_node.mean / 1024.0,
         )
     }
+
+    /// Adds what etcd answered between two reads of its counters ([`super::backend::Connect::etcd_requests`]).
+    pub(super) fn with_etcd_requests(
+        mut self,
+        before: Option<BTreeMap<String, u64>>,
+        after: Option<BTreeMap<String, u64>>,
+    ) -> Report {
+        if let (Some(before), Some(after)) = (before, after) {
+            let served: BTreeMap<String, u64> = after
+                .into_iter()
+                .map(|(method, n)| {
+                    let earlier = before.get(&method).copied().unwrap_or(0);
+                    (method, n.saturating_sub(earlier))
+                })
+                .filter(|&(_, n)| n > 0)
+                .collect();
+            self.etcd_requests_per_node = Some(served.values().sum::<u64>() as f64 / f64::from(self.nodes.max(1)));
+            self.etcd_requests_by_method = Some(served);
+        }
+        self
+    }
 }
 
 pub(super) fn make_report(
-    nodes: u32,
+    store: String,
     nproc: u32,
     settings: &Settings,
     start: Instant,
@@ -120,7 +152,9 @@ pub(super) fn make_report(
         .filter(|&(_, n)| n > 0)
         .collect();
     let round = outcomes.first().map_or(0, |o| o.info.round);
+    let nodes = counts.len() as u32;
     Report {
+        store,
         nodes,
         min: settings.min_nodes,
         max: settings.max_nodes,
@@ -137,6 +171,8 @@ pub(super) fn make_report(
         read_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_read.load(Ordering::Relaxed))),
         written_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_written.load(Ordering::Relaxed))),
         ops_by_kind,
+        etcd_requests_per_node: None,
+        etcd_requests_by_method: None,
         problems: check_round(nodes, nproc, outcomes),
     }
 }

@@ -1,5 +1,5 @@
-//! The simulated agents: N rendezvous tasks, each on its own store connection, against one
-//! store server (`muster store`, a child process).
+//! The simulated agents: N rendezvous tasks, each with its own store handle (one TCP connection to a
+//! `muster store` child, or an etcd client of its own), against one store.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -8,15 +8,15 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Barrier, Semaphore};
 use tokio::task::JoinSet;
 
+use super::backend::Connect;
 use super::counting::{CountingStore, OpCounts};
 use super::report::{make_report, Report};
 use super::BenchError;
 use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, RoundInfo, Settings};
-use crate::store::remote::RemoteStore;
-use super::server::StoreProcess;
+use crate::store::RdzvStore;
 
-/// Simulated nodes between their connect and the store's answer to their HELLO at once. A real agent sends
-/// its HELLO the instant it is connected; thousands of tasks in one process on a few cores would take
+/// Simulated nodes between their connect and the store's answer to their HELLO (etcd: its status) at once.
+/// A real agent sends its HELLO the instant it is connected; thousands of tasks in one process on a few cores would take
 /// seconds to get round to it, and the store closes a connection that sends nothing valid within its
 /// handshake deadline (5 s): 16384 unpaced nodes on 2 loaded cores lost 1942 connections that way.
 const CONNECTING: usize = 1024;
@@ -29,18 +29,18 @@ pub(super) struct NodeOutcome {
     pub(super) registered: Instant,
     pub(super) sealed: Instant,
     pub(super) join_ops: u64,
-    _rendezvous: Rendezvous<CountingStore<RemoteStore>>,
+    _rendezvous: Rendezvous<CountingStore<RdzvStore>>,
 }
 
-/// Runs the round; the store serves `max_connections` ([`super::capacity::max_connections`]).
+/// Runs the round on the store `connect` reaches (named `store` in the report).
 pub(super) async fn simulate(
     nodes: u32,
     nproc: u32,
     settings: Settings,
     timeout: Duration,
-    max_connections: usize,
+    connect: &Arc<Connect>,
+    store: String,
 ) -> Result<Report, BenchError> {
-    let (server, addr) = StoreProcess::start(max_connections).await?;
     let counts: Vec<Arc<OpCounts>> = (0..nodes).map(|_| Arc::default()).collect();
     let barrier = Arc::new(Barrier::new(nodes as usize));
     let connecting = Arc::new(Semaphore::new(CONNECTING));
@@ -64,13 +64,14 @@ pub(super) async fn simulate(
         let node_counts = counts[node as usize].clone();
         let (settings, fingerprint, barrier, connecting) =
             (settings.clone(), fingerprint.clone(), barrier.clone(), connecting.clone());
-        let registered_count = registered_count.clone();
+        let (registered_count, connect) = (registered_count.clone(), connect.clone());
         tasks.spawn(async move {
             // Connect and register; whatever happens, take part in the barrier so the others are not stuck.
             let joined = async {
                 // Never closed, so acquiring cannot fail; a permit is held until the HELLO is answered.
                 let permit = connecting.acquire().await;
-                let store = RemoteStore::connect(addr, b"", timeout, timeout)
+                let store = connect
+                    .connect(timeout)
                     .await
                     .map_err(|source| BenchError::Connect { node, source })?;
                 drop(permit);
@@ -127,9 +128,8 @@ pub(super) async fn simulate(
             }
         }
     }
-    let report = make_report(nodes, nproc, &settings, start, &outcomes, &counts);
-    // Close every node's connections before the server goes, then stop it.
+    let report = make_report(store, nproc, &settings, start, &outcomes, &counts);
+    // Close every node's connections before the store goes (the caller stops it).
     drop(outcomes);
-    server.stop().await;
     Ok(report)
 }

@@ -60,6 +60,7 @@ pub struct EtcdStore {
     namespace: Arc<str>,
     timeout: Duration,
     beat_timeout: Duration,
+    version: String,
 }
 
 impl EtcdStore {
@@ -80,7 +81,13 @@ impl EtcdStore {
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
             beat_timeout: opts.beat_timeout,
+            version: status.version,
         })
+    }
+
+    /// The etcd version the member reached at connect reported (e.g. `3.5.17`).
+    pub fn version(&self) -> &str {
+        &self.version
     }
 
     /// The members' URLs, comma-separated.
@@ -128,27 +135,35 @@ impl Store for EtcdStore {
         Ok(self.range(&self.full(key)).await?.map(|kv| kv.value))
     }
 
-    /// Read, then write compared on the revision read; again if another writer came in between.
+    /// Read, then write compared on the revision read; when another writer came in between, the failed
+    /// transaction's read is the next try's (one request a try, not two). Adding 0 is a read only: a write
+    /// would fail every concurrent adder's compare. N adders at once still take O(N) tries each (the README's
+    /// etcd benchmark; a jittered back-off traded latency for requests and was left out).
     async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         let key = self.full(key);
+        let mut current = self.range(&key).await?;
         loop {
-            let current = self.range(&key).await?;
             let now = match &current {
                 None => 0,
                 Some(kv) => std::str::from_utf8(&kv.value).ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(
                     || self.failed(format!("add on {}: the value is not an integer", self.name(&key))),
                 )?,
             };
+            if delta == 0 {
+                return Ok(now);
+            }
             let new = now.checked_add(delta).ok_or_else(|| self.failed(format!("add on {} overflows", self.name(&key))))?;
             let compare = match &current {
                 None => Compare::Absent(&key),
                 Some(kv) => Compare::ModRevision(&key, kv.mod_revision),
             };
             let put = wire::op_put(wire::put(&key, new.to_string().as_bytes(), None));
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare], vec![put], vec![])).await?;
+            let read = wire::op_range(wire::range(&key, false, false));
+            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare], vec![put], vec![read])).await?;
             if reply.succeeded {
                 return Ok(new);
             }
+            current = reply.responses.into_iter().next().and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
         }
     }
 

@@ -82,3 +82,26 @@ async fn a_killed_handle_is_gone_after_its_lease() {
     let e = tokio::time::timeout(Duration::from_secs(15), events.recv()).await.unwrap().unwrap();
     assert_eq!((e.kind, e.key.as_str()), (WatchEventKind::Deleted, "alive/y"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_adds_each_count_once_and_adding_zero_only_reads() {
+    let etcd = TestEtcd::start();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let s = std::sync::Arc::new(etcd.store("/t/").await);
+        // Half increment, half poll, as joiners and waiting nodes do with a round's slot counter.
+        tasks.spawn(async move { (i % 2 == 0, s.add("slot", if i % 2 == 0 { 1 } else { 0 }).await.unwrap()) });
+    }
+    let (mut slots, mut polled) = (Vec::new(), Vec::new());
+    while let Some(done) = tasks.join_next().await {
+        let (adder, n) = done.unwrap();
+        if adder { slots.push(n) } else { polled.push(n) }
+    }
+    slots.sort_unstable();
+    assert_eq!(slots, (1..=16).collect::<Vec<i64>>(), "each adder got its own value");
+    assert!(polled.iter().all(|&n| (0..=16).contains(&n)), "{polled:?}");
+    let s = etcd.store("/t/").await;
+    assert_eq!(s.add("slot", 0).await.unwrap(), 16);
+    assert_eq!(s.add("never", 0).await.unwrap(), 0);
+    assert_eq!(s.get("never").await.unwrap(), None, "adding 0 writes nothing");
+}

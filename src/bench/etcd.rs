@@ -1,0 +1,128 @@
+//! The bench's own etcd for `--backend etcd` without `--etcd-endpoint`: a single member on loopback in a
+//! temporary data directory, a child killed (and its directory removed) when the run ends.
+
+use std::collections::BTreeMap;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::net::TcpStream;
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+use super::BenchError;
+
+/// How long etcd may take to listen (it starts in about a second here).
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// A port found free may be taken before etcd binds it (etcd then exits): start again on others.
+const START_TRIES: usize = 5;
+
+pub(super) struct EtcdProcess {
+    child: Child,
+    _data: tempfile::TempDir,
+}
+
+fn free_port() -> Result<u16, BenchError> {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| BenchError::StoreProcess(format!("cannot find a free loopback port for etcd: {e}")))
+}
+
+impl EtcdProcess {
+    /// Starts `binary` as a one-member cluster; returns it and its client endpoint (`127.0.0.1:PORT`) once it
+    /// accepts connections.
+    pub(super) async fn start(binary: &Path) -> Result<(EtcdProcess, String), BenchError> {
+        let failed = |why: String| BenchError::StoreProcess(format!("cannot start etcd ({}): {why}", binary.display()));
+        let mut last = String::new();
+        for _ in 0..START_TRIES {
+            let data = tempfile::Builder::new()
+                .prefix("muster-bench-etcd.")
+                .tempdir()
+                .map_err(|e| failed(format!("cannot make its data directory: {e}")))?;
+            let (client, peer) = (free_port()?, free_port()?);
+            let url = |p: u16| format!("http://127.0.0.1:{p}");
+            let mut child = Command::new(binary)
+                .args(["--name", "bench", "--data-dir"])
+                .arg(data.path().join("data"))
+                .args(["--listen-client-urls", &url(client), "--advertise-client-urls", &url(client)])
+                .args(["--listen-peer-urls", &url(peer), "--initial-advertise-peer-urls", &url(peer)])
+                .args(["--initial-cluster", &format!("bench={}", url(peer)), "--log-level", "error"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .map_err(|e| failed(format!("{e}; install etcd, or name it with --etcd-binary")))?;
+            let deadline = Instant::now() + START_TIMEOUT;
+            loop {
+                if let Ok(Some(status)) = child.try_wait() {
+                    last = format!("it exited with {status}");
+                    break;
+                }
+                if TcpStream::connect(("127.0.0.1", client)).await.is_ok() {
+                    return Ok((EtcdProcess { child, _data: data }, format!("127.0.0.1:{client}")));
+                }
+                if Instant::now() >= deadline {
+                    let _ = child.kill().await;
+                    return Err(failed(format!("it did not listen on 127.0.0.1:{client} within {START_TIMEOUT:?}")));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        Err(failed(format!("{last} in each of {START_TRIES} tries")))
+    }
+
+    /// Stops etcd (SIGKILL: its data is thrown away) and reaps it; the data directory goes with `self`.
+    pub(super) async fn stop(mut self) {
+        let _ = self.child.kill().await;
+    }
+}
+
+/// etcd's own count of the requests it has answered, by method (`Range`, `Txn`, `Watch`, …): the
+/// `grpc_server_handled_total` counters of its `/metrics` (the JSON gateway's requests go through gRPC too).
+/// `None` when it cannot be read (https, or metrics not served): the report then leaves the figure out.
+pub(super) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().ok()?;
+    let response = client.get(format!("http://{endpoint}/metrics")).send().await.ok()?;
+    if !response.status().is_success() {
+        return None;
+    }
+    Some(handled_by_method(&response.text().await.ok()?))
+}
+
+/// The sum of `grpc_server_handled_total` by `grpc_method` (over codes and services) in Prometheus text.
+fn handled_by_method(text: &str) -> BTreeMap<String, u64> {
+    let mut by_method = BTreeMap::new();
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else { continue };
+        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
+        let method = labels.split(',').find_map(|l| l.strip_prefix("grpc_method=\"")?.strip_suffix('"'));
+        // Counters are printed as floats ("1e+06" past a million).
+        let count = value.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
+        if let (Some(method), Some(count)) = (method, count) {
+            *by_method.entry(method.to_string()).or_insert(0) += count as u64;
+        }
+    }
+    by_method
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn handled_requests_are_summed_by_method_and_anything_else_is_left_out() {
+        let text = "# HELP grpc_server_handled_total Total number of RPCs completed on the server.\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
+            grpc_server_handled_total{grpc_code=\"NotFound\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 3\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1.5e+06\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 0\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_service=\"etcdserverpb.KV\"} 7\n\
+            grpc_server_handled_total{grpc_method=\"Watch\"} NaN\n\
+            grpc_server_started_total{grpc_code=\"OK\",grpc_method=\"Range\"} 99\n";
+        let expected = [("Put", 0), ("Range", 15), ("Txn", 1_500_000)];
+        assert_eq!(handled_by_method(text), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
+    }
+}
