@@ -6,6 +6,7 @@
 //! are `/muster/R/…`. Compare-and-set and counters are transactions compared on the key's revision.
 
 mod cluster;
+mod counter;
 mod lease;
 mod tls;
 mod watch;
@@ -132,39 +133,12 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.range(&self.full(key)).await?.map(|kv| kv.value))
+        Ok(self.range(&self.full(key)).await?.map(counter::visible))
     }
 
-    /// Read, then write compared on the revision read; when another writer came in between, the failed
-    /// transaction's read is the next try's (one request a try, not two). Adding 0 is a read only: a write
-    /// would fail every concurrent adder's compare. N adders at once still take O(N) tries each (the README's
-    /// etcd benchmark; a jittered back-off traded latency for requests and was left out).
+    /// A counter only ever added 1 to is counted by etcd (see `counter`); other adds compare-and-set.
     async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        let key = self.full(key);
-        let mut current = self.range(&key).await?;
-        loop {
-            let now = match &current {
-                None => 0,
-                Some(kv) => std::str::from_utf8(&kv.value).ok().and_then(|s| s.trim().parse::<i64>().ok()).ok_or_else(
-                    || self.failed(format!("add on {}: the value is not an integer", self.name(&key))),
-                )?,
-            };
-            if delta == 0 {
-                return Ok(now);
-            }
-            let new = now.checked_add(delta).ok_or_else(|| self.failed(format!("add on {} overflows", self.name(&key))))?;
-            let compare = match &current {
-                None => Compare::Absent(&key),
-                Some(kv) => Compare::ModRevision(&key, kv.mod_revision),
-            };
-            let put = wire::op_put(wire::put(&key, new.to_string().as_bytes(), None));
-            let read = wire::op_range(wire::range(&key, false, false));
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare], vec![put], vec![read])).await?;
-            if reply.succeeded {
-                return Ok(new);
-            }
-            current = reply.responses.into_iter().next().and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
-        }
+        self.add_to(&self.full(key), delta).await
     }
 
     /// Absent counts as empty: an empty `expected` matches a missing key (and an empty value, compared on
@@ -224,7 +198,7 @@ impl Store for EtcdStore {
             let ranges = chunk.iter().map(|k| wire::op_range(wire::range(&self.full(k), false, false))).collect();
             let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[], ranges, vec![])).await?;
             let found = reply.responses.into_iter().filter_map(|r| r.response_range.and_then(|r| r.kvs.into_iter().next()));
-            values.extend(found.map(|kv| kv.value).filter(|v| !v.is_empty()));
+            values.extend(found.map(counter::visible).filter(|v| !v.is_empty()));
         }
         Ok(values)
     }

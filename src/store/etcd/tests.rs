@@ -105,3 +105,21 @@ async fn concurrent_adds_each_count_once_and_adding_zero_only_reads() {
     assert_eq!(s.add("never", 0).await.unwrap(), 0);
     assert_eq!(s.get("never").await.unwrap(), None, "adding 0 writes nothing");
 }
+
+#[tokio::test]
+async fn counters_read_as_their_count_and_other_adds_still_add() {
+    let etcd = TestEtcd::start();
+    let s = etcd.store("/t/").await;
+    assert_eq!(s.add("c", 1).await.unwrap(), 1);
+    assert_eq!(s.add("c", 1).await.unwrap(), 2);
+    assert_eq!(s.get("c").await.unwrap(), Some(b"2".to_vec()), "a counter reads as its count");
+    assert_eq!(s.multi_get(&["c".into()]).await.unwrap(), vec![b"2".to_vec()]);
+    assert_eq!(s.add("c", 5).await.unwrap(), 7, "another delta adds to the count");
+    assert_eq!(s.add("c", 1).await.unwrap(), 8);
+    assert_eq!(s.get("c").await.unwrap(), Some(b"8".to_vec()));
+    s.set("p", b"40").await.unwrap();
+    assert_eq!(s.add("p", 1).await.unwrap(), 41, "a value set as text adds as before");
+    assert_eq!(s.add("p", -41).await.unwrap(), 0);
+    assert!(s.delete("c").await.unwrap());
+    assert_eq!(s.add("c", 1).await.unwrap(), 1, "a deleted counter starts again");
+}

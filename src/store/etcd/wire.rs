@@ -76,6 +76,9 @@ pub struct KeyValue {
     pub create_revision: i64,
     #[serde(default, deserialize_with = "de_i64")]
     pub mod_revision: i64,
+    /// Writes since the key was created (1 after the first).
+    #[serde(default, deserialize_with = "de_i64")]
+    pub version: i64,
 }
 
 #[derive(Debug, Default, Clone, PartialEq, Deserialize)]
