@@ -168,10 +168,9 @@ impl JobCgroup {
     }
 
     /// The processes in the cgroup now (empty if it cannot be read).
-    pub fn members(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.dir.join("cgroup.procs"))
-            .map(|text| text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
-            .unwrap_or_default()
+    pub fn members(&self) -> std::io::Result<Vec<i32>> {
+        let text = std::fs::read_to_string(self.dir.join("cgroup.procs"))?;
+        Ok(text.split_whitespace().filter_map(|p| p.parse().ok()).collect())
     }
 
     /// The descriptor a child passes to `join`.

@@ -333,15 +333,25 @@ impl OrphanGuard {
     }
 
     /// With a cgroup the job's processes are its members (read from `cgroup.procs`, not all of `/proc`);
-    /// without one, the agent's descendants.
+    /// without one, or when its member list cannot be read, the agent's descendants.
     fn sweep_keeping(&self, keep: &HashSet<i32>) -> usize {
         let me = std::process::id() as i32;
-        match &self.cgroup {
-            Ok(cg) => freeze_and_kill(|| Tree::of_pids(&cg.members()), |_, p| !keep.contains(&p.session)),
-            Err(_) => freeze_and_kill(Tree::scan, |tree, p| {
-                p.pid != self.pid && !keep.contains(&p.session) && tree.descends(p.pid, me)
-            }),
+        if let Ok(cg) = &self.cgroup {
+            match cg.members() {
+                Ok(first) => {
+                    // Each rescan reads the members again (a process may have forked meanwhile).
+                    let members = || {
+                        cg.members().unwrap_or_else(|e| {
+                            tracing::debug!("cannot read the job cgroup's members again ({e}); using the first read");
+                            first.clone()
+                        })
+                    };
+                    return freeze_and_kill(|| Tree::of_pids(&members()), |_, p| !keep.contains(&p.session));
+                }
+                Err(e) => tracing::debug!("cannot read the job cgroup's members ({e}); sweeping the agent's descendants"),
+            }
         }
+        freeze_and_kill(Tree::scan, |tree, p| p.pid != self.pid && !keep.contains(&p.session) && tree.descends(p.pid, me))
     }
 
     /// The agent's end: kills every process of the job (`cgroup.kill`, else a sweep of its descendants),
