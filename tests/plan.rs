@@ -215,7 +215,7 @@ fn the_launch_context_is_shown_as_the_agent_would_take_it() {
     let first = stdout.lines().next().unwrap_or_default();
     assert_eq!(
         first,
-        "launch context slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_endpoint=gpu007:29400 \
+        "launch context slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_endpoint=gpu007:21003 \
          (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID)"
     );
     assert!(stdout.contains("2 of 8 GPUs usable (SLURM_STEP_GPUS=2,3)"), "{stdout}");

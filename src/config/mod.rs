@@ -320,12 +320,12 @@ mod tests {
         ];
         let c = config_in(SLURM, &["--nproc-per-node", "cpu", "--no-python", "true"]).unwrap();
         assert_eq!((c.min_nodes, c.max_nodes, c.nproc_per_node), (2, 2, 6));
-        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "gpu007".into(), port: 29400, is_host: None });
+        assert_eq!(c.rendezvous, Rendezvous::C10d { host: "gpu007".into(), port: 21003, is_host: None });
         assert_eq!((c.run_id.as_str(), c.pref_rank), ("812.3", Some(1)));
         assert_eq!(
             c.context.unwrap().to_string(),
             "slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_backend=c10d (SLURM_JOB_NODELIST) \
-             rdzv_endpoint=gpu007:29400 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID) \
+             rdzv_endpoint=gpu007:21003 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID) \
              nproc_per_node=6 (SLURM_CPUS_ON_NODE)"
         );
         // Flags win.

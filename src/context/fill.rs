@@ -143,15 +143,15 @@ mod tests {
     #[test]
     fn flags_win_and_the_rest_comes_from_the_context() {
         let all = "slurm: nnodes=2 (SLURM_NNODES) node_rank=1 (SLURM_NODEID) rdzv_backend=c10d (SLURM_JOB_NODELIST) \
-                   rdzv_endpoint=gpu007:29400 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID)";
+                   rdzv_endpoint=gpu007:21003 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID)";
         type Row<'a> = (&'a [&'a str], &'a [(&'a str, &'a str)], String);
         let rows: &[Row] = &[
-            (&[], SLURM, format!("{all} | --nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 'gpu007:29400' --rdzv-id 812.3")),
+            (&[], SLURM, format!("{all} | --nnodes 2 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 'gpu007:21003' --rdzv-id 812.3")),
             (
                 &["--nnodes", "1:4", "--rdzv-id", "mine"],
                 SLURM,
-                "slurm: node_rank=1 (SLURM_NODEID) rdzv_backend=c10d (SLURM_JOB_NODELIST) rdzv_endpoint=gpu007:29400 \
-                 (SLURM_JOB_NODELIST) | --nnodes 1:4 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 'gpu007:29400' --rdzv-id mine"
+                "slurm: node_rank=1 (SLURM_NODEID) rdzv_backend=c10d (SLURM_JOB_NODELIST) rdzv_endpoint=gpu007:21003 \
+                 (SLURM_JOB_NODELIST) | --nnodes 1:4 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 'gpu007:21003' --rdzv-id mine"
                     .into(),
             ),
             // The user's rendezvous: only the counts and the rank.

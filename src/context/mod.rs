@@ -196,7 +196,7 @@ mod tests {
                     ("SLURM_CPUS_ON_NODE", "16"),
                 ],
                 "slurm: nnodes=4 (SLURM_NNODES) node_rank=2 (SLURM_NODEID) \
-                 rdzv_endpoint=gpu007:29400 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID) \
+                 rdzv_endpoint=gpu007:21003 (SLURM_JOB_NODELIST) rdzv_id=812.3 (SLURM_JOB_ID.SLURM_STEP_ID) \
                  cpus=16 (SLURM_CPUS_ON_NODE)",
             ),
             // A step on part of the allocation: the step's own counts and list.
@@ -211,7 +211,7 @@ mod tests {
                     ("SLURM_STEP_NODELIST", "n[5-6]"),
                 ],
                 "slurm: nnodes=2 (SLURM_STEP_NUM_NODES) node_rank=1 (SLURM_NODEID) \
-                 rdzv_endpoint=n5:29400 (SLURM_STEP_NODELIST) rdzv_id=9.0 (SLURM_JOB_ID.SLURM_STEPID)",
+                 rdzv_endpoint=n5:28442 (SLURM_STEP_NODELIST) rdzv_id=9.0 (SLURM_JOB_ID.SLURM_STEPID)",
             ),
             // Two tasks per node: one agent per task, ranked by task.
             (
@@ -225,7 +225,7 @@ mod tests {
                     ("SLURM_STEP_NODELIST", "a,b"),
                 ],
                 "slurm: nnodes=4 (SLURM_STEP_NUM_TASKS) node_rank=3 (SLURM_PROCID) \
-                 rdzv_endpoint=a:29400 (SLURM_STEP_NODELIST) rdzv_id=9.0 (SLURM_JOB_ID.SLURM_STEP_ID)",
+                 rdzv_endpoint=a:28442 (SLURM_STEP_NODELIST) rdzv_id=9.0 (SLURM_JOB_ID.SLURM_STEP_ID)",
             ),
             // A batch script is one process on the first node: only its CPUs.
             (
@@ -299,7 +299,7 @@ mod tests {
             (
                 &[("SLURM_JOB_ID", "1"), ("SLURM_STEP_ID", "0"), ("SLURM_NNODES", "1"), ("SLURM_NODEID", "0"),
                   ("SLURM_NODELIST", "h"), ("PMIX_RANK", "0")],
-                "slurm: nnodes=1 (SLURM_NNODES) node_rank=0 (SLURM_NODEID) rdzv_endpoint=h:29400 (SLURM_NODELIST) \
+                "slurm: nnodes=1 (SLURM_NNODES) node_rank=0 (SLURM_NODEID) rdzv_endpoint=h:28690 (SLURM_NODELIST) \
                  rdzv_id=1.0 (SLURM_JOB_ID.SLURM_STEP_ID)",
             ),
         ];

@@ -35,8 +35,29 @@ pub(super) fn detect(env: Env) -> Result<Option<LaunchContext>, ContextError> {
     }
     if let Some((list_var, list)) = first_var(env, &["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"]) {
         let hosts = hostlist::expand(&list).map_err(|source| ContextError::Hostlist { context: K.name(), var: list_var.into(), source })?;
-        c.endpoint = hosts.first().map(|h| Fact::new(endpoint(h, super::C10D_PORT), list_var));
+        c.endpoint = hosts.first().map(|h| Fact::new(endpoint(h, step_port(&format!("{job}.{step}"))), list_var));
     }
     c.run_id = Some(Fact::new(format!("{job}.{step}"), format!("{job_var}.{step_var}")));
     Ok(Some(c))
+}
+
+/// The step's own rendezvous port: two steps on one node at once (steps run side by side, array jobs) must
+/// not share a store, as they would on torch's fixed 29400. From the step's id, so the same on every node;
+/// in 20000..=29999, below Linux's ephemeral range.
+fn step_port(step: &str) -> u16 {
+    // FNV-1a: stable across builds and machines (std's hashers are not).
+    let hash = step.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3));
+    20000 + (hash % 10000) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn steps_get_ports_of_their_own() {
+        let ports: Vec<u16> = ["812.3", "812.4", "813.3", "9.0"].iter().map(|s| super::step_port(s)).collect();
+        assert!(ports.iter().all(|p| (20000..=29999).contains(p)), "{ports:?}");
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len(), "{ports:?}");
+        assert_eq!(super::step_port("812.3"), super::step_port("812.3"));
+    }
 }
