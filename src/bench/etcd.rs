@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Stdio;
 use std::time::Duration;
 
 use tokio::net::TcpStream;
@@ -12,6 +11,7 @@ use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
 use super::BenchError;
+use crate::store::etcd::local::one_member;
 
 /// How long etcd may take to listen (it starts in about a second here).
 const START_TIMEOUT: Duration = Duration::from_secs(30);
@@ -42,16 +42,7 @@ impl EtcdProcess {
                 .tempdir()
                 .map_err(|e| failed(format!("cannot make its data directory: {e}")))?;
             let (client, peer) = (free_port()?, free_port()?);
-            let url = |p: u16| format!("http://127.0.0.1:{p}");
-            let mut child = Command::new(binary)
-                .args(["--name", "bench", "--data-dir"])
-                .arg(data.path().join("data"))
-                .args(["--listen-client-urls", &url(client), "--advertise-client-urls", &url(client)])
-                .args(["--listen-peer-urls", &url(peer), "--initial-advertise-peer-urls", &url(peer)])
-                .args(["--initial-cluster", &format!("bench={}", url(peer)), "--log-level", "error"])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+            let mut child = Command::from(one_member(binary, "bench", &data.path().join("data"), client, peer))
                 .kill_on_drop(true)
                 .spawn()
                 .map_err(|e| failed(format!("{e}; install etcd, or name it with --etcd-binary")))?;

@@ -8,6 +8,7 @@
 mod cluster;
 mod counter;
 mod lease;
+pub mod local;
 mod tls;
 mod watch;
 pub mod wire;

@@ -3,7 +3,7 @@
 //! never skips it.
 
 use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use super::{EtcdOptions, EtcdStore};
@@ -26,15 +26,7 @@ impl TestEtcd {
         for _ in 0..5 {
             let dir = tempfile::tempdir().expect("temp dir");
             let (client, peer) = (free_port(), free_port());
-            let url = |p: u16| format!("http://127.0.0.1:{p}");
-            let mut child = Command::new(&binary)
-                .args(["--name", "t", "--data-dir"])
-                .arg(dir.path().join("data"))
-                .args(["--listen-client-urls", &url(client), "--advertise-client-urls", &url(client)])
-                .args(["--listen-peer-urls", &url(peer), "--initial-advertise-peer-urls", &url(peer)])
-                .args(["--initial-cluster", &format!("t={}", url(peer)), "--log-level", "error"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
+            let mut child = super::local::one_member(binary.as_ref(), "t", &dir.path().join("data"), client, peer)
                 .spawn()
                 .unwrap_or_else(|e| panic!("cannot run {binary} ({e}): run `source scripts/lib.sh; ensure_etcd` or set MUSTER_ETCD"));
             let deadline = Instant::now() + Duration::from_secs(20);
