@@ -47,7 +47,8 @@ ETCD35_VERSION="3.5.1"
 # own members on loopback, so the Debian service must never run: it would hold 2379/2380 and a data dir of its own.
 ensure_etcd() {
     # (A captured string, not `| grep -q`: under pipefail grep's early exit fails the pipe with SIGPIPE.)
-    if ! command -v etcd >/dev/null 2>&1 || [[ "$(etcd --version 2>/dev/null)" != *"etcd Version: 3.4."* ]]; then
+    if ! command -v etcd >/dev/null 2>&1 || ! command -v etcdctl >/dev/null 2>&1 ||
+        [[ "$(etcd --version 2>/dev/null)" != *"etcd Version: 3.4."* ]]; then
         echo "muster: installing etcd 3.4 (etcd-server, etcd-client) with apt-get" >&2
         apt-get update -qq
         # policy-rc.d exit 101 keeps the package's service from starting during the install.

@@ -4,6 +4,7 @@
 mod common;
 
 use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use std::time::Duration;
 
@@ -247,6 +248,50 @@ fn tls_with_client_certificates() {
     assert!(lines[0].contains("client certificate") && lines[0].contains("cert="), "{log}");
     std::fs::write(dir.path().join("finish"), "").unwrap();
     let (code, log) = run(etcd.tls_rdzv_conf());
+    assert_eq!(code, Some(0), "{log}");
+    assert_eq!(starts(dir.path()).len(), 1, "{log}");
+}
+
+/// etcd with auth on: no user, a wrong password and a user without a role each fail at once with one line
+/// (exit 2); the right user runs the job. The password comes from the environment only.
+#[test]
+fn etcd_auth_users_and_their_refusals() {
+    let etcd = EtcdCluster::start(1, false);
+    let etcdctl = |args: &[&str]| {
+        let out = run(Command::new("etcdctl").env("ETCDCTL_API", "3").arg(format!("--endpoints={}", etcd.endpoints())).args(args), LONG);
+        assert!(out.status.success(), "etcdctl {args:?}: {}", out.stderr);
+    };
+    etcdctl(&["user", "add", "root:rootpw"]);
+    etcdctl(&["user", "grant-role", "root", "root"]);
+    etcdctl(&["user", "add", "--user=root:rootpw", "bob:bobpw"]);
+    etcdctl(&["auth", "enable"]);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    let agent = |user: Option<(&str, &str)>, run_id: &str| {
+        let envs: Vec<(&str, String)> = match user {
+            Some((u, p)) => vec![("MUSTER_ETCD_USER", u.to_string()), ("MUSTER_ETCD_PASSWORD", p.to_string())],
+            None => vec![],
+        };
+        let args = [
+            "--nnodes=1".to_string(),
+            "--nproc-per-node=1".into(),
+            "--rdzv-backend=etcd".into(),
+            format!("--rdzv-endpoint={}", etcd.endpoints()),
+            format!("--rdzv-id={run_id}"),
+            fixture("elastic_worker.py").display().to_string(),
+            dir.path().display().to_string(),
+        ];
+        let mut a = Agent::start_with_env("a", &args, &envs);
+        (a.exit_code(LONG), a.log())
+    };
+    for (user, needle) in [(None, "needs a user"), (Some(("root", "wrong")), "authentication failed"), (Some(("bob", "bobpw")), "may not read")] {
+        let (code, log) = agent(user, "refused");
+        assert_eq!(code, Some(2), "{user:?}: {log}");
+        let lines = said(&log);
+        assert!(lines.len() == 1 && lines[0].contains(needle), "{user:?}: {log}");
+    }
+    assert!(starts(dir.path()).is_empty(), "a refused agent started a worker");
+    let (code, log) = agent(Some(("root", "rootpw")), "allowed");
     assert_eq!(code, Some(0), "{log}");
     assert_eq!(starts(dir.path()).len(), 1, "{log}");
 }

@@ -77,6 +77,7 @@ impl EtcdStore {
             });
         }
         tracing::debug!("etcd {} at {}", status.version, cluster.named);
+        readable(&cluster, opts, Instant::now() + connect_timeout).await?;
         Ok(EtcdStore {
             session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
             cluster,
@@ -120,6 +121,24 @@ impl EtcdStore {
     fn failed(&self, message: String) -> StoreError {
         StoreError::Etcd { endpoint: self.cluster.named.clone(), code: 0, message }
     }
+}
+
+/// Whether this agent may read its keys: an etcd with auth on refuses a request without a user as an
+/// invalid argument and one whose user lacks a role as denied; both are settings to fix (exit 2), said at
+/// start rather than on the rendezvous' first request.
+async fn readable(cluster: &Cluster, opts: &EtcdOptions, deadline: Instant) -> Result<(), StoreError> {
+    let body = wire::range(opts.namespace.as_bytes(), true, true);
+    let why = match cluster.call::<RangeReply>("/v3/kv/range", &body, deadline).await {
+        Err(StoreError::Etcd { code: wire::CODE_INVALID_ARGUMENT, message, .. }) if opts.credentials.is_none() => {
+            format!("it has auth on and needs a user ({message})")
+        }
+        Err(StoreError::Etcd { code: wire::CODE_PERMISSION_DENIED, message, .. }) => {
+            format!("the user may not read {} ({message}); grant it a role with read and write there", opts.namespace)
+        }
+        other => return other.map(drop),
+    };
+    let user = opts.credentials.as_ref().map(|c| c.user.clone()).unwrap_or_default();
+    Err(StoreError::EtcdAuth { endpoints: cluster.named.clone(), user, why })
 }
 
 impl Drop for EtcdStore {

@@ -158,6 +158,9 @@ pub struct ErrorReply {
 /// gRPC status codes the client acts on.
 /// Cancelled: the gateway's own connection to its member is closing (the member is shutting down).
 pub const CODE_CANCELLED: i64 = 1;
+/// A request without a user to an etcd with auth on ("user name is empty").
+pub const CODE_INVALID_ARGUMENT: i64 = 3;
+pub const CODE_PERMISSION_DENIED: i64 = 7;
 pub const CODE_NOT_FOUND: i64 = 5;
 pub const CODE_UNAVAILABLE: i64 = 14;
 pub const CODE_UNAUTHENTICATED: i64 = 16;
