@@ -22,6 +22,22 @@ async fn accounted(server: &Server, done: impl Fn(Usage) -> bool) -> Usage {
     }
 }
 
+/// As [`accounted`], but also done once the accounting has not moved for half a second.
+async fn settled(server: &Server, done: impl Fn(Usage) -> bool) -> Usage {
+    let mut last = server.buffered();
+    loop {
+        let usage = accounted(server, |u| done(u) || u != last).await;
+        if done(usage) {
+            return usage;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        if server.buffered() == usage {
+            return usage;
+        }
+        last = usage;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_without_a_handshake_are_closed_at_the_deadline() {
     let server = start(ServerConfig {
@@ -111,10 +127,12 @@ async fn pipelined_gets_that_are_never_read_stay_within_the_budget() {
         s.write_all(&gets).await.unwrap();
         deaf.push(s);
     }
-    // Each deaf reader ends up holding a 1 MiB reply: at most eight fit, twelve are closed.
-    let usage = accounted(&server, |u| u.evictions >= 12).await;
+    // Each deaf reader ends up holding a 1 MiB reply, unless the kernel's send buffer took it (loopback
+    // autotunes it up to tcp_wmem's 4 MiB, more or less each run): then the server holds less and closes
+    // fewer. Whatever the kernel took, what the server keeps stays within the budget.
+    let usage = settled(&server, |u| u.evictions >= 12).await;
     println!("pipelined GETs: {usage:?} (limit {LIMIT})");
-    assert!(usage.evictions >= 12, "{usage:?}");
+    assert!(usage.now <= LIMIT + FRAME, "{usage:?}");
     // As above: a closed reader's one reply may still be held while its task gets to run.
     assert!(usage.peak <= LIMIT + 2 * FRAME + usage.evictions * (1 << 20), "{usage:?}");
     assert_eq!(owner.get("value").await.unwrap().len(), 1 << 20);
