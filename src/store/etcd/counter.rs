@@ -32,7 +32,12 @@ impl EtcdStore {
     }
 
     pub(super) async fn add_to(&self, key: &[u8], delta: i64) -> Result<i64, StoreError> {
-        let mut current = self.range(key).await?;
+        // An add of 1 to a counter that exists (every joiner but the first) needs no read first: the
+        // counted write is tried as if it were one, and a failed compare's branch reads the key.
+        let mut current = match delta {
+            1 => Some(KeyValue { key: key.to_vec(), value: MARK.to_vec(), ..KeyValue::default() }),
+            _ => self.range(key).await?,
+        };
         loop {
             if delta == 0 {
                 // A read only: a write would count.
