@@ -192,7 +192,10 @@ pub enum Op {
     /// Join with `State::nproc()` workers as it is when the join starts: a GPU excluded meanwhile lets the
     /// join finish (dropping it halfway would leave this node's record in the round) and re-forms after.
     Join,
-    Start { nproc: u32, excluded: BTreeSet<u32> },
+    /// `settle`: the start follows a worker failure on a GPU node; it waits a moment first, so that the GPU
+    /// fault behind the death (the driver's XID often comes just after it) is met before a new worker
+    /// starts: a restart-class XID joins the incident, a drain-class one drains with no worker started.
+    Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
     Watch,
     Stop(Signal, Grace),
     Reform { open: bool },
@@ -299,7 +302,11 @@ impl State {
     pub fn op(&self) -> Op {
         match &self.phase {
             Phase::Joining => Op::Join,
-            Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
+            Phase::Starting => Op::Start {
+                nproc: self.nproc(),
+                excluded: self.excluded.clone(),
+                settle: self.spent_by_last_stop && !self.job.gpus.is_empty(),
+            },
             Phase::Running => Op::Watch,
             Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
             Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
