@@ -413,7 +413,8 @@ impl Work {
                         // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
                         tokio::time::sleep(SIGNAL_HOLD).await;
                     }
-                    Input::WorkerFailed(failure)
+                    let change = self.rendezvous.change_behind_failure().await;
+                    Input::WorkerFailed { failure, change }
                 }
             },
             event = self.rendezvous.next_event() => match event {

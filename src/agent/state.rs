@@ -148,8 +148,9 @@ pub enum Input {
     StartLost(Fault),
     /// Running: every worker exited 0.
     Succeeded,
-    /// Running: a worker exited non-zero.
-    WorkerFailed(ProcessFailure),
+    /// Running: a worker exited non-zero; `change`: the membership change found behind it (the round moved
+    /// on, a neighbour is gone, the store is out of reach), if any.
+    WorkerFailed { failure: ProcessFailure, change: Option<RdzvEvent> },
     /// Running: the membership changed.
     Membership(RdzvEvent),
     /// Stopping: every worker is gone; the failures seen meanwhile.
@@ -175,7 +176,7 @@ impl Input {
             Input::Started { .. } => "started",
             Input::StartLost(_) => "start_lost",
             Input::Succeeded => "succeeded",
-            Input::WorkerFailed(_) => "worker_failed",
+            Input::WorkerFailed { .. } => "worker_failed",
             Input::Membership(_) => "membership",
             Input::Stopped(_) => "stopped",
             Input::Reformed => "reformed",
@@ -380,7 +381,7 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
             Phase::Running
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
-        (Phase::Running, Input::WorkerFailed(f)) => super::worker::on_worker_failed(f),
+        (Phase::Running, Input::WorkerFailed { failure, change }) => super::worker::on_worker_failed(failure, change),
         (Phase::Reforming { .. }, Input::Reformed) => Phase::Joining,
         (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),
         (Phase::Finishing(end), Input::Finished) => Phase::Done(end),
