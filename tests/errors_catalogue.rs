@@ -345,6 +345,32 @@ fn every_message_in_the_code_is_in_docs_errors_md() {
     );
 }
 
+/// `print!`, `println!`, `eprint!` and `eprintln!` panic when the console is gone (a hung-up terminal, a
+/// closed pipe), which would cost the agent its stop and its exit code; muster writes through `console.rs`.
+#[test]
+fn the_code_writes_to_stdout_and_stderr_only_through_console_rs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.to_string_lossy().ends_with("_tests.rs")) {
+        let src = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        let toks = without_test_code(lex(&src));
+        for pair in toks.windows(2) {
+            if let [(Tok::Word(w), line), (Tok::Punct('!'), _)] = pair {
+                if ["print", "println", "eprint", "eprintln"].contains(&w.as_str()) {
+                    found.push(format!("  {}:{line}: {w}!", file.strip_prefix(root).unwrap_or(file).display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use crate::outln!/out!/errln! (src/console.rs), which never panic, instead of:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_scanner_reads_multi_line_literals_and_skips_test_code() {
     let src = concat!(
