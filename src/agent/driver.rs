@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
-use super::state::{self, Effect, End, Input, Job, Op, Phase, State};
+use super::state::{self, Effect, End, Grace, Input, Job, Op, Phase, State};
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
@@ -27,6 +27,19 @@ use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
+
+/// A keep-alive window below this is said at start: a few lost packets in a row (TCP's retransmission
+/// back-off) could outlast it.
+const SHORT_WINDOW: Duration = Duration::from_secs(10);
+
+/// How long a restart after a worker failure on a GPU node waits for the GPU fault that may follow the
+/// death (the driver reports an XID tens of milliseconds after the process it killed is gone).
+const FAULT_SETTLE: Duration = Duration::from_millis(250);
+
+/// How long a worker's death by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) waits for the agent's own
+/// signal before it counts as a failure: `scancel` and container runtimes signal every process at once,
+/// and the workers may die before the agent handles its copy.
+const SIGNAL_HOLD: Duration = Duration::from_secs(1);
 
 /// How long the `--on-node-fault` hook may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -214,6 +227,9 @@ impl Agent {
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         }
         banner(&cfg, &rendezvous, hosted.is_some(), &logs);
+        if cfg.max_nodes > 1 {
+            super::stores::warn_if_loopback(&cfg).await;
+        }
         let policy = cfg.gpu_policy.describe();
         let gpus = tokio::task::spawn_blocking(move || Gpus::open(&policy))
             .await
@@ -336,9 +352,14 @@ impl Work {
     async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
         match op {
             Op::Join => self.join(nproc, restart_count).await,
-            Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
+            Op::Start { nproc, excluded, settle } => {
+                if settle {
+                    tokio::time::sleep(FAULT_SETTLE).await;
+                }
+                self.start(nproc, excluded, restart_count).await
+            }
             Op::Watch => self.watch().await,
-            Op::Stop(sig) => self.stop(sig).await,
+            Op::Stop(sig, grace) => self.stop(sig, grace).await,
             Op::Reform { open } => self.reform(open).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier } => self.finish(barrier).await,
@@ -387,7 +408,14 @@ impl Work {
         tokio::select! {
             outcome = group.watch(&mut self.spares) => match outcome {
                 Watch::Succeeded => Input::Succeeded,
-                Watch::Failed(failure) => Input::WorkerFailed(failure),
+                Watch::Failed(failure) => {
+                    if failure.stop_signal() {
+                        // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
+                        tokio::time::sleep(SIGNAL_HOLD).await;
+                    }
+                    let change = self.rendezvous.change_behind_failure().await;
+                    Input::WorkerFailed { failure, change }
+                }
             },
             event = self.rendezvous.next_event() => match event {
                 Ok(event) => {
@@ -399,9 +427,15 @@ impl Work {
         }
     }
 
-    async fn stop(&mut self, sig: Signal) -> Input {
+    async fn stop(&mut self, sig: Signal, grace: Grace) -> Input {
+        let membership = self.cfg.rdzv.membership_grace;
+        let grace = match grace {
+            Grace::Shutdown => self.cfg.shutdown_timeout,
+            Grace::Membership => membership.min(self.cfg.shutdown_timeout),
+            Grace::Fenced => self.rendezvous.timing().fenced_grace(membership).min(self.cfg.shutdown_timeout),
+        };
         let failures = match self.group.as_mut() {
-            Some(group) => group.stop(sig, self.cfg.shutdown_timeout).await,
+            Some(group) => group.stop(sig, grace).await,
             None => Vec::new(),
         };
         self.group = None;
@@ -527,6 +561,14 @@ fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RdzvStore>, hosted: bool, 
     );
     if let Some(context) = &cfg.context {
         tracing::info!("launch context {context}");
+    }
+    let window = rendezvous.timing().window;
+    if cfg.max_nodes > 1 && window < SHORT_WINDOW {
+        tracing::warn!(
+            "the keep-alive window (keep_alive_interval x keep_alive_max_attempt = {window:?}) is under \
+             {SHORT_WINDOW:?}: TCP retransmits a lost packet after 0.2 s, then 0.4, 0.8, 1.6 s..., so a few losses in a \
+             row can get a healthy node evicted (it fences itself first); keep it at 10 s or more outside tests"
+        );
     }
     if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
         tracing::warn!(

@@ -94,6 +94,7 @@ impl Cause {
 
     pub fn name(&self) -> &'static str {
         match self {
+            Cause::Membership(RdzvEvent::Fenced { .. }) => "fenced",
             Cause::Membership(_) => "membership change",
             Cause::Restart { fault: Some(_), .. } => "gpu fault",
             Cause::Restart { .. } => "worker failure",
@@ -147,8 +148,9 @@ pub enum Input {
     StartLost(Fault),
     /// Running: every worker exited 0.
     Succeeded,
-    /// Running: a worker exited non-zero.
-    WorkerFailed(ProcessFailure),
+    /// Running: a worker exited non-zero; `change`: the membership change found behind it (the round moved
+    /// on, a neighbour is gone, the store is out of reach), if any.
+    WorkerFailed { failure: ProcessFailure, change: Option<RdzvEvent> },
     /// Running: the membership changed.
     Membership(RdzvEvent),
     /// Stopping: every worker is gone; the failures seen meanwhile.
@@ -174,7 +176,7 @@ impl Input {
             Input::Started { .. } => "started",
             Input::StartLost(_) => "start_lost",
             Input::Succeeded => "succeeded",
-            Input::WorkerFailed(_) => "worker_failed",
+            Input::WorkerFailed { .. } => "worker_failed",
             Input::Membership(_) => "membership",
             Input::Stopped(_) => "stopped",
             Input::Reformed => "reformed",
@@ -191,13 +193,28 @@ pub enum Op {
     /// Join with `State::nproc()` workers as it is when the join starts: a GPU excluded meanwhile lets the
     /// join finish (dropping it halfway would leave this node's record in the round) and re-forms after.
     Join,
-    Start { nproc: u32, excluded: BTreeSet<u32> },
+    /// `settle`: the start follows a worker failure on a GPU node; it waits a moment first, so that the GPU
+    /// fault behind the death (the driver's XID often comes just after it) is met before a new worker
+    /// starts: a restart-class XID joins the incident, a drain-class one drains with no worker started.
+    Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
     Watch,
-    Stop(Signal),
+    Stop(Signal, Grace),
     Reform { open: bool },
     Drain(Box<Fault>),
     Finish { barrier: bool },
     None,
+}
+
+/// How long a stop waits between its signal and SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grace {
+    /// `--shutdown-timeout`: the workers may be checkpointing.
+    Shutdown,
+    /// `membership_grace`: a peer is gone, so no collective (nor a collective checkpoint) can complete;
+    /// workers blocked in one ignore SIGTERM, and waiting for them only delays the re-formation.
+    Membership,
+    /// This node fenced itself: what is left of the margin before the others may evict it.
+    Fenced,
 }
 
 /// What a fault came to, for its event and log line.
@@ -286,10 +303,16 @@ impl State {
     pub fn op(&self) -> Op {
         match &self.phase {
             Phase::Joining => Op::Join,
-            Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
+            Phase::Starting => Op::Start {
+                nproc: self.nproc(),
+                excluded: self.excluded.clone(),
+                settle: self.spent_by_last_stop && !self.job.gpus.is_empty(),
+            },
             Phase::Running => Op::Watch,
-            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig),
-            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM),
+            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
+            Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
+            Phase::Stopping(Cause::Membership(_)) => Op::Stop(Signal::SIGTERM, Grace::Membership),
+            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
             Phase::Reforming { open } => Op::Reform { open: *open },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
             Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded) },
@@ -358,7 +381,7 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
             Phase::Running
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
-        (Phase::Running, Input::WorkerFailed(f)) => super::worker::on_worker_failed(f),
+        (Phase::Running, Input::WorkerFailed { failure, change }) => super::worker::on_worker_failed(failure, change),
         (Phase::Reforming { .. }, Input::Reformed) => Phase::Joining,
         (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),
         (Phase::Finishing(end), Input::Finished) => Phase::Done(end),
