@@ -13,13 +13,13 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
-use super::state::{self, Effect, End, Grace, Input, Job, Op, Phase, State};
+use super::state::{self, Cause, Effect, End, Grace, Input, Job, Op, Phase, State};
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
 use crate::observe::{Observer, Sinks, Transition};
-use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, Rendezvous, RoundInfo, Settings};
+use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, RdzvEvent, Rendezvous, RoundInfo, Settings};
 use crate::signals::Delivery;
 use crate::store::RdzvStore;
 use crate::store::tcp::Server;
@@ -76,6 +76,10 @@ impl Transitions {
 pub fn detail(state: &State) -> Value {
     match &state.phase {
         Phase::Joining => json!({ "restart_count": state.restart_count, "nproc": state.nproc() }),
+        Phase::Stopping(Cause::Membership(RdzvEvent::PeerLost(peer))) => json!({ "reason": "membership change", "peer": peer }),
+        Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { silent })) => {
+            json!({ "reason": "fenced", "silent_ms": silent.as_millis() as u64 })
+        }
         Phase::Stopping(cause) => json!({ "reason": cause.name() }),
         Phase::Reforming { .. } => {
             json!({ "restart_count": state.restart_count, "remaining_restarts": state.restarts_left() })

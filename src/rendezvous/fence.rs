@@ -7,7 +7,9 @@
 //! two beats), so it can act before that: with no acknowledgement for `W − margin` (`margin = min(interval,
 //! W/2)`) and no network path to the store's host, it is cut off and stops its workers while the others
 //! still count it in (the renew-deadline < lease-duration rule). The old group's workers are gone before
-//! the new group's start.
+//! the new group's start. Only a beat renews the membership (the others compare beats), so the fence runs
+//! from the last acknowledged beat; the give-up runs from the last acknowledged round trip of any kind, so
+//! that nodes cut together end together, whatever the phase of their beats.
 //!
 //! A store that stops answering while its host still completes TCP handshakes is stopped, overloaded or
 //! electing: nobody can evict anybody through it, so nothing is fenced, and once it answers again every
@@ -67,8 +69,10 @@ impl Timing {
 /// What this node knows of its own link to the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Link {
-    /// When the last acknowledged round trip was sent.
+    /// When the last acknowledged round trip (a beat or a ping) was sent.
     pub(super) acked: Instant,
+    /// When the last acknowledged beat was sent: what the others have of this node.
+    pub(super) beat_acked: Instant,
     /// Since when every round trip has been acknowledged (the first of the current run's send time).
     pub(super) unbroken_since: Instant,
     /// A round trip failed since the last acknowledgement.
@@ -79,16 +83,19 @@ impl Link {
     /// Registered at `now`, a round trip that succeeded: as sound as a whole window of them (a peer that
     /// dies in the first window is believed at once).
     pub(super) fn new(now: Instant, t: &Timing) -> Link {
-        Link { acked: now, unbroken_since: now.checked_sub(t.window).unwrap_or(now), broken: false }
+        Link { acked: now, beat_acked: now, unbroken_since: now.checked_sub(t.window).unwrap_or(now), broken: false }
     }
 
-    /// A round trip sent at `sent` was acknowledged.
-    pub(super) fn ack(&mut self, sent: Instant) {
+    /// A round trip sent at `sent` was acknowledged; `beat`: it was a beat.
+    pub(super) fn ack(&mut self, sent: Instant, beat: bool) {
         if self.broken {
             self.unbroken_since = sent;
             self.broken = false;
         }
         self.acked = self.acked.max(sent);
+        if beat {
+            self.beat_acked = self.beat_acked.max(sent);
+        }
     }
 
     pub(super) fn fail(&mut self) {
@@ -106,8 +113,14 @@ impl Link {
         self.unbroken_since + t.window
     }
 
-    /// When this node fences if nothing is acknowledged before.
+    /// When this node fences if no beat is acknowledged before.
     pub(super) fn fence_at(&self, t: &Timing) -> Instant {
+        self.beat_acked + t.fence_after
+    }
+
+    /// Where a node that fenced counts its give-up from: the fence time as the last round trip of any
+    /// kind would put it (at most `probe_every` after the cut, the same on every node cut with it).
+    pub(super) fn fenced_from(&self, t: &Timing) -> Instant {
         self.acked + t.fence_after
     }
 }
@@ -130,9 +143,9 @@ impl SharedLink {
     }
 }
 
-/// Resolves when this node is cut off from the store: how long it has gone unanswered. Holds (says so
-/// once) while the store's host is reachable. Cancel-safe: it only reads the link and asks the network.
-pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing) -> Duration {
+/// Resolves when this node is cut off from the store, with the link as it was then. Holds (says so once)
+/// while the store's host is reachable. Cancel-safe: it only reads the link and asks the network.
+pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing) -> Link {
     let mut held = false;
     loop {
         let at = link.get().fence_at(&t);
@@ -141,15 +154,16 @@ pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing
             continue;
         }
         if store.reach(t.reach_bound).await == Reach::NoPath && link.get().fence_at(&t) <= Instant::now() {
-            return link.get().acked.elapsed();
+            return link.get();
         }
         if !held && link.get().fence_at(&t) <= Instant::now() {
             held = true;
             // INFO: the store's client has said the outage already.
             tracing::info!(
-                "the rendezvous store has not answered for {:?}, but its host is reachable (a stopped, \
-                 overloaded or electing store): nobody can evict this node through it, so the workers keep running",
-                link.get().acked.elapsed()
+                "the rendezvous store has not acknowledged a heartbeat for {:?}, but its host (with etcd: a \
+                 member's) still completes TCP handshakes (a stopped, overloaded or electing store): nobody can \
+                 evict this node through it, so the workers keep running",
+                link.get().beat_acked.elapsed()
             );
         }
         tokio::time::sleep(t.probe_every).await;
@@ -203,20 +217,24 @@ mod tests {
         let t = Timing::of(&settings(1, 3, 5));
         let start = Instant::now();
         let at = |secs: f64| start + Duration::from_secs_f64(secs);
-        let mut link = Link { acked: start, unbroken_since: start, broken: false };
-        link.ack(at(0.5));
+        let mut link = Link { acked: start, beat_acked: start, unbroken_since: start, broken: false };
+        link.ack(at(0.5), true);
         assert!(!link.may_evict(at(1.0), &t), "not a whole window yet");
-        link.ack(at(3.0));
+        link.ack(at(3.0), true);
         assert!(link.may_evict(at(3.1), &t), "a window of answered round trips");
         link.fail();
         assert!(!link.may_evict(at(3.2), &t), "its own round trip just failed");
-        link.ack(at(4.0));
+        link.ack(at(4.0), true);
         assert!(!link.may_evict(at(4.5), &t), "heard again, but not for a window");
         assert_eq!(link.judge_at(&t), at(7.0));
-        link.ack(at(7.0));
+        link.ack(at(7.0), true);
         assert!(link.may_evict(at(7.0), &t));
         assert!(!link.may_evict(at(9.5), &t), "nothing answered for longer than a probe and its bound");
         assert_eq!(link.fence_at(&t), at(9.0));
+        // A ping renews nothing the others can see: the fence still runs from the last beat, the give-up
+        // from the ping.
+        link.ack(at(8.0), false);
+        assert_eq!((link.fence_at(&t), link.fenced_from(&t)), (at(9.0), at(10.0)));
         let registered = Link::new(at(10.0), &t);
         assert!(registered.may_evict(at(10.0), &t), "registering was a round trip: a death right after is believed");
     }

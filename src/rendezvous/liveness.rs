@@ -118,11 +118,12 @@ impl<S: Store> Rendezvous<S> {
                 }
             }
         };
-        let silent = tokio::select! {
-            silent = cut => silent,
+        let link = tokio::select! {
+            link = cut => link,
             event = watched => return event,
         };
-        self.fenced_at.get_or_insert_with(Instant::now);
+        self.fenced_at.get_or_insert(link.fenced_from(&self.timing));
+        let silent = link.beat_acked.elapsed();
         tracing::warn!(
             "this node cannot reach the rendezvous store (no answer for {silent:?}, no network path to its host): \
              fenced; its workers are stopped before the others can evict it ({:?} after its last heartbeat); it \
@@ -376,7 +377,7 @@ async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: T
         };
         match result {
             Ok(()) => {
-                link.lock().ack(sent);
+                link.lock().ack(sent, due);
                 if due {
                     beat += 1;
                     last_beat = Some(sent);
