@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
-use super::state::{self, Effect, End, Input, Job, Op, Phase, State};
+use super::state::{self, Effect, End, Grace, Input, Job, Op, Phase, State};
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
@@ -27,6 +27,10 @@ use crate::supervisor::logs::RunLogs;
 use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
+
+/// A keep-alive window below this is said at start: a few lost packets in a row (TCP's retransmission
+/// back-off) could outlast it.
+const SHORT_WINDOW: Duration = Duration::from_secs(10);
 
 /// How long the `--on-node-fault` hook may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
@@ -214,6 +218,9 @@ impl Agent {
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         }
         banner(&cfg, &rendezvous, hosted.is_some(), &logs);
+        if cfg.max_nodes > 1 {
+            super::stores::warn_if_loopback(&cfg).await;
+        }
         let policy = cfg.gpu_policy.describe();
         let gpus = tokio::task::spawn_blocking(move || Gpus::open(&policy))
             .await
@@ -338,7 +345,7 @@ impl Work {
             Op::Join => self.join(nproc, restart_count).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
-            Op::Stop(sig) => self.stop(sig).await,
+            Op::Stop(sig, grace) => self.stop(sig, grace).await,
             Op::Reform { open } => self.reform(open).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier } => self.finish(barrier).await,
@@ -399,9 +406,15 @@ impl Work {
         }
     }
 
-    async fn stop(&mut self, sig: Signal) -> Input {
+    async fn stop(&mut self, sig: Signal, grace: Grace) -> Input {
+        let membership = self.cfg.rdzv.membership_grace;
+        let grace = match grace {
+            Grace::Shutdown => self.cfg.shutdown_timeout,
+            Grace::Membership => membership.min(self.cfg.shutdown_timeout),
+            Grace::Fenced => self.rendezvous.timing().fenced_grace(membership).min(self.cfg.shutdown_timeout),
+        };
         let failures = match self.group.as_mut() {
-            Some(group) => group.stop(sig, self.cfg.shutdown_timeout).await,
+            Some(group) => group.stop(sig, grace).await,
             None => Vec::new(),
         };
         self.group = None;
@@ -527,6 +540,14 @@ fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RdzvStore>, hosted: bool, 
     );
     if let Some(context) = &cfg.context {
         tracing::info!("launch context {context}");
+    }
+    let window = rendezvous.timing().window;
+    if cfg.max_nodes > 1 && window < SHORT_WINDOW {
+        tracing::warn!(
+            "the keep-alive window (keep_alive_interval x keep_alive_max_attempt = {window:?}) is under \
+             {SHORT_WINDOW:?}: TCP retransmits a lost packet after 0.2 s, then 0.4, 0.8, 1.6 s..., so a few losses in a \
+             row can get a healthy node evicted (it fences itself first); keep it at 10 s or more outside tests"
+        );
     }
     if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
         tracing::warn!(

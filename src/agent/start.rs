@@ -121,6 +121,7 @@ impl Work {
             restart_count,
             max_restarts: cfg.max_restarts,
             run_id: cfg.run_id.clone(),
+            round: round.round,
             use_agent_store: true,
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),

@@ -94,6 +94,7 @@ impl Cause {
 
     pub fn name(&self) -> &'static str {
         match self {
+            Cause::Membership(RdzvEvent::Fenced { .. }) => "fenced",
             Cause::Membership(_) => "membership change",
             Cause::Restart { fault: Some(_), .. } => "gpu fault",
             Cause::Restart { .. } => "worker failure",
@@ -193,11 +194,23 @@ pub enum Op {
     Join,
     Start { nproc: u32, excluded: BTreeSet<u32> },
     Watch,
-    Stop(Signal),
+    Stop(Signal, Grace),
     Reform { open: bool },
     Drain(Box<Fault>),
     Finish { barrier: bool },
     None,
+}
+
+/// How long a stop waits between its signal and SIGKILL.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grace {
+    /// `--shutdown-timeout`: the workers may be checkpointing.
+    Shutdown,
+    /// `membership_grace`: a peer is gone, so no collective (nor a collective checkpoint) can complete;
+    /// workers blocked in one ignore SIGTERM, and waiting for them only delays the re-formation.
+    Membership,
+    /// This node fenced itself: what is left of the margin before the others may evict it.
+    Fenced,
 }
 
 /// What a fault came to, for its event and log line.
@@ -288,8 +301,10 @@ impl State {
             Phase::Joining => Op::Join,
             Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
             Phase::Running => Op::Watch,
-            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig),
-            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM),
+            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
+            Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
+            Phase::Stopping(Cause::Membership(_)) => Op::Stop(Signal::SIGTERM, Grace::Membership),
+            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
             Phase::Reforming { open } => Op::Reform { open: *open },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
             Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded) },

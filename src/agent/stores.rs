@@ -215,6 +215,25 @@ impl WorkerStore {
     }
 }
 
+/// A multi-node job whose workers' store address (`--local-addr`, or `MASTER_ADDR` with static) resolves
+/// to loopback cannot be reached from the other nodes: said once at start (bounded: a slow resolver must
+/// not hold the start).
+pub(super) async fn warn_if_loopback(cfg: &LaunchConfig) {
+    let (flag, host) = match &cfg.rendezvous {
+        Rendezvous::Static { master_addr, .. } => ("MASTER_ADDR", master_addr.as_str()),
+        Rendezvous::C10d { .. } | Rendezvous::Etcd(_) => ("--local-addr (default: this host's FQDN)", cfg.local_addr.as_str()),
+    };
+    let lookup = tokio::net::lookup_host((host, 0));
+    let Ok(Ok(mut addrs)) = tokio::time::timeout(Duration::from_secs(2), lookup).await else { return };
+    if let Some(ip) = addrs.find(|a| a.ip().is_loopback()).map(|a| a.ip()) {
+        tracing::warn!(
+            "{flag} '{host}' resolves to loopback ({ip}) in a job of up to {} nodes: the other nodes cannot reach \
+             this node's workers there; pass --local-addr with an address the others can reach",
+            cfg.max_nodes
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,3 +285,4 @@ mod tests {
         assert!(!localhost.is_empty() && localhost.iter().all(IpAddr::is_loopback), "{localhost:?}");
     }
 }
+

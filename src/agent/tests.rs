@@ -217,7 +217,7 @@ fn a_preemption_warning_then_the_stop() {
     assert!(matches!(state.phase, Phase::Running), "{:?}", state.phase);
     run(&mut state, vec![Input::Signal(Signal::SIGTERM), Input::Notice(Signal::SIGUSR1)]);
     assert!(matches!(state.phase, Phase::Stopping(Cause::Signal(Signal::SIGTERM))), "{:?}", state.phase);
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM));
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Shutdown));
     run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Done(End::Interrupted(Signal::SIGTERM))), "{:?}", state.phase);
     assert_eq!(state.restart_count, 0, "a preemption spends no restart");

@@ -131,6 +131,5 @@ fn etcd_options(
         namespace: format!("{namespace}muster-bench/{}-{stamp}/", std::process::id()),
         lease_ttl: (settings.keep_alive_interval * settings.keep_alive_max_attempt).max(Duration::from_secs(2)),
         request_timeout: settings.store_timeout,
-        beat_timeout: settings.heartbeat_timeout.mul_f64(0.8),
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::mpsc;
 
-use crate::store::{Store, StoreError, WatchEvent, WatchTarget};
+use crate::store::{Reach, Store, StoreError, WatchEvent, WatchTarget};
 
 /// Store operations, by kind, as counted by [`CountingStore`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -102,10 +102,19 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.set(key, value).await
     }
 
-    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
         self.counts.bump(Op::Set);
         self.counts.wrote(value.len());
-        self.inner.beat(key, value).await
+        self.inner.beat(key, value, timeout).await
+    }
+
+    async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
+        self.counts.bump(Op::Get);
+        self.inner.ping(key, timeout).await
+    }
+
+    async fn reach(&self, timeout: Duration) -> Reach {
+        self.inner.reach(timeout).await
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {

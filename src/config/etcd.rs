@@ -72,7 +72,6 @@ pub fn options(target: &EtcdTarget, credentials: Option<Credentials>, rdzv: &Rdz
         namespace: target.namespace.clone(),
         lease_ttl: (rdzv.keep_alive_interval * rdzv.keep_alive_max_attempt).max(Duration::from_secs(2)),
         request_timeout: rdzv.read_timeout,
-        beat_timeout: rdzv.heartbeat_timeout.mul_f64(0.8),
     }
 }
 

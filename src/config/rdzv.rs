@@ -9,7 +9,8 @@ use std::time::Duration;
 use super::{bad, ConfigError};
 use crate::cli::Cli;
 
-/// The rendezvous keys torchrun 2.15 knows (reference §1.4), plus muster's `exit_barrier_timeout` and `bind`.
+/// The rendezvous keys torchrun 2.15 knows, plus muster's `exit_barrier_timeout`, `bind` and
+/// `membership_grace`.
 pub const RDZV_CONF_KEYS: &[&str] = &[
     "join_timeout",
     "last_call_timeout",
@@ -33,6 +34,7 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "exit_barrier_timeout",
     "token_file",
     "bind",
+    "membership_grace",
 ];
 
 /// `--rdzv-conf`, every key typed, with torchrun's defaults for the keys the user left out.
@@ -54,6 +56,9 @@ pub struct RdzvConf {
     pub heartbeat_timeout: Duration,
     /// Missed heartbeats after which a node counts as dead.
     pub keep_alive_max_attempt: u32,
+    /// muster's own: the grace between SIGTERM and SIGKILL of a stop for a membership change (a peer is
+    /// gone, so no collective can complete) instead of `--shutdown-timeout`.
+    pub membership_grace: Duration,
     /// Force (true) or forbid (false) hosting the c10d store; None: decided by the endpoint's address.
     pub is_host: Option<bool>,
     /// Upper bound of the random back-off after a failed compare-and-set (torch 2.15; 0 = none).
@@ -111,6 +116,7 @@ impl Default for RdzvConf {
             keep_alive_interval: secs(5),
             heartbeat_timeout: secs(5),
             keep_alive_max_attempt: 3,
+            membership_grace: secs(3),
             is_host: None,
             cas_backoff_max: Duration::ZERO,
             store_type: StoreType::Tcp,
@@ -154,6 +160,7 @@ impl RdzvConf {
             "close_timeout" => self.close_timeout = seconds(k, v, false)?,
             "keep_alive_interval" => self.keep_alive_interval = seconds(k, v, false)?,
             "heartbeat_timeout" => self.heartbeat_timeout = seconds(k, v, false)?,
+            "membership_grace" => self.membership_grace = seconds(k, v, true)?,
             "timeout" => self.timeout = seconds(k, v, false)?,
             "cas_backoff_max_seconds" => self.cas_backoff_max = seconds(k, v, true)?,
             "keep_alive_max_attempt" => {

@@ -109,6 +109,7 @@ fn membership_cause(event: &RdzvEvent) -> &'static str {
         RdzvEvent::JoinersWaiting => "joiners",
         RdzvEvent::RoundChanged => "round_changed",
         RdzvEvent::Closed => "closed",
+        RdzvEvent::Fenced { .. } => "fenced",
     }
 }
 

@@ -89,6 +89,7 @@ fn json_records_and_the_round_counter_decode_without_panics_and_re_encode_the_sa
             node: node(&mut rng),
             slot: rng.next() as i64,
             prev_rank: (rng.below(2) == 0).then(|| rng.next() as u32),
+            prev_round: (rng.below(2) == 0).then(|| rng.next()),
             pref_rank: (rng.below(2) == 0).then(|| rng.next() as u32),
             restarts: (rng.below(2) == 0).then(|| rng.next() as u32),
         };
@@ -96,8 +97,8 @@ fn json_records_and_the_round_counter_decode_without_panics_and_re_encode_the_sa
         if let Ok(decoded) = serde_json::from_slice::<Record>(&input(&mut rng, valid)) {
             let again: Option<Record> = serde_json::to_vec(&decoded).ok().and_then(|b| serde_json::from_slice(&b).ok());
             let same = again.is_some_and(|a| {
-                (a.node, a.slot, a.prev_rank, a.pref_rank, a.restarts)
-                    == (decoded.node, decoded.slot, decoded.prev_rank, decoded.pref_rank, decoded.restarts)
+                (a.node, a.slot, a.prev_rank, a.prev_round, a.pref_rank, a.restarts)
+                    == (decoded.node, decoded.slot, decoded.prev_rank, decoded.prev_round, decoded.pref_rank, decoded.restarts)
             });
             assert!(same, "record");
         }

@@ -39,7 +39,11 @@ pub(super) fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Res
             }
         }
     } else {
-        records.sort_by_key(|r| (r.prev_rank.is_none(), r.prev_rank, r.pref_rank.unwrap_or(u32::MAX), r.slot));
+        let latest = records.iter().filter(|r| r.prev_rank.is_some()).map(|r| r.prev_round).max().flatten();
+        records.sort_by_key(|r| {
+            let stayed = r.prev_rank.is_some() && r.prev_round == latest;
+            (!stayed, stayed.then_some(r.prev_rank), r.pref_rank.unwrap_or(u32::MAX), r.slot)
+        });
     }
     records.truncate(settings.max_nodes as usize);
     Ok(records)
@@ -69,6 +73,13 @@ impl<S: Store> Rendezvous<S> {
     /// was unreachable meanwhile makes it join again (in the new store, or with the slot it had taken in
     /// the same one), within `join_timeout` of the first error.
     pub async fn next_round(&mut self) -> Result<RoundInfo, RdzvError> {
+        let give_up = self.give_up_at();
+        let info = super::within(give_up, self.join_rounds()).await?;
+        self.fenced_at = None;
+        Ok(info)
+    }
+
+    async fn join_rounds(&mut self) -> Result<RoundInfo, RdzvError> {
         let start = Instant::now();
         let deadline = start + self.settings.join_timeout;
         self.current = None;
@@ -114,7 +125,7 @@ impl<S: Store> Rendezvous<S> {
             Joined::Member(info) => {
                 let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
                 self.watch_round(&info).await?;
-                self.prev_rank = Some(info.group_rank);
+                self.prev = Some((info.round, info.group_rank));
                 self.round_raw = raw;
                 self.current = Some(info.clone());
                 Ok(Some(info))
@@ -146,7 +157,8 @@ impl<S: Store> Rendezvous<S> {
         let record = Record {
             node: self.me.clone(),
             slot,
-            prev_rank: self.prev_rank,
+            prev_rank: self.prev.map(|(_, rank)| rank),
+            prev_round: self.prev.map(|(round, _)| round),
             pref_rank: self.settings.node_rank,
             restarts: Some(self.restarts),
         };
@@ -293,6 +305,10 @@ impl<S: Store> Rendezvous<S> {
     /// idempotent across members (compare-and-set on the round counter), so it is tried again while the
     /// store does not answer (within `join_timeout`).
     pub async fn open_next_round(&self) -> Result<(), RdzvError> {
+        super::within(self.give_up_at(), self.open_with_retries()).await
+    }
+
+    async fn open_with_retries(&self) -> Result<(), RdzvError> {
         let mut retry = Retry::new("opening the next round", self.settings.store_timeout);
         loop {
             match self.try_open_next_round().await {

@@ -2,10 +2,12 @@
 //! it yields, and leaving.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
+use super::fence::{cut_off, Link, SharedLink, Timing};
 use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
 use super::retry::{is_connection_error, Retry};
 use super::{Published, RdzvError, RdzvEvent, Rendezvous};
@@ -22,39 +24,14 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
-    /// Registers liveness and checks the launch fingerprint. Call once before the first round.
+    /// Registers liveness and checks the launch fingerprint, then starts the heartbeat task. Call once
+    /// before the first round.
     pub async fn register(&mut self) -> Result<(), RdzvError> {
         self.publish_fingerprint().await?;
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
-        let (store, key, every) = (self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.settings.keep_alive_interval);
-        let write_timeout = self.settings.heartbeat_timeout;
-        self.heartbeat = Some(tokio::spawn(async move {
-            let interval_ms = Some(every.as_millis() as u64);
-            let mut beat: u64 = 0;
-            // Said once per run of failures: an outage of the store is not a line every interval.
-            let mut failing = false;
-            loop {
-                beat += 1;
-                let value = Heartbeat { beat, at_ms: unix_ms(), interval_ms }.encode();
-                let failure = match tokio::time::timeout(write_timeout, store.beat(&key, &value)).await {
-                    Ok(Ok(())) => None,
-                    // The store's client says when it cannot reach the store.
-                    Ok(Err(e)) => {
-                        let e = RdzvError::Store(e);
-                        (!is_connection_error(&e)).then(|| format!("heartbeat write failed: {e}")).map_or(Some(None), |w| Some(Some(w)))
-                    }
-                    Err(_) => Some(Some(format!("heartbeat write took longer than heartbeat_timeout ({write_timeout:?})"))),
-                };
-                let failed = failure.is_some();
-                match failure {
-                    None if failing => tracing::debug!("heartbeats are written again"),
-                    Some(Some(why)) if !failing => tracing::warn!("{why}"),
-                    _ => {}
-                }
-                failing = failed;
-                tokio::time::sleep(every).await;
-            }
-        }));
+        *self.link.lock() = Link::new(Instant::now(), &self.timing);
+        let task = heartbeats(self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.link.clone(), self.timing, self.settings.keep_alive_interval);
+        self.heartbeat = Some(tokio::spawn(task));
         Ok(())
     }
 
@@ -115,8 +92,10 @@ impl<S: Store> Rendezvous<S> {
     /// Waits for the next event that ends the running round. Joiners are batched for one last-call window,
     /// so a trickle of them costs one re-formation, unless they fill the group to MAX: then there is nothing
     /// to wait for. A store that stops answering (its connection failed, or a request in flight did) is
-    /// waited for as [`Self::after_store_lost`] says. Cancel-safe: events stay queued in the channel, and
-    /// the batch deadline and heartbeat checks are kept across calls.
+    /// waited for as [`Self::after_store_lost`] says, while this node's link is watched: cut off from the
+    /// store for longer than the fence allows, it is [`RdzvEvent::Fenced`] (see `fence.rs`). Cancel-safe:
+    /// events stay queued in the channel, and the batch deadline, heartbeat checks and suspects are kept
+    /// across calls.
     pub async fn next_event(&mut self) -> Result<RdzvEvent, RdzvError> {
         if let Some(event) = self.pending.take() {
             return Ok(event);
@@ -124,18 +103,34 @@ impl<S: Store> Rendezvous<S> {
         let Some(current) = self.current.clone() else {
             return Err(RdzvError::State("no round is running".into()));
         };
-        loop {
-            let found = match self.poll_event(&current).await {
-                Err(e) if is_connection_error(&e) => {
-                    tracing::debug!("the rendezvous store failed a request while watching the round: {e}");
-                    self.after_store_lost(&current).await
+        let cut = cut_off(self.link.clone(), self.store.clone(), self.timing);
+        let watched = async {
+            loop {
+                let found = match self.poll_event(&current).await {
+                    Err(e) if is_connection_error(&e) => {
+                        tracing::debug!("the rendezvous store failed a request while watching the round: {e}");
+                        self.after_store_lost(&current).await
+                    }
+                    found => found,
+                };
+                if let Some(event) = found? {
+                    return Ok(event);
                 }
-                found => found,
-            };
-            if let Some(event) = found? {
-                return Ok(event);
             }
-        }
+        };
+        let silent = tokio::select! {
+            silent = cut => silent,
+            event = watched => return event,
+        };
+        self.fenced_at.get_or_insert_with(Instant::now);
+        tracing::warn!(
+            "this node cannot reach the rendezvous store (no answer for {silent:?}, no network path to its host): \
+             fenced; its workers are stopped before the others can evict it ({:?} after its last heartbeat); it \
+             rejoins as a newcomer if the store answers within {:?}, else exits",
+            self.timing.window,
+            self.settings.store_timeout
+        );
+        Ok(RdzvEvent::Fenced { silent })
     }
 
     /// One wake-up of `next_event`: the event it found, if any.
@@ -144,6 +139,12 @@ impl<S: Store> Rendezvous<S> {
         let check_at = *self.next_check.get_or_insert_with(Instant::now);
         let batch = async {
             match self.batch_until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        let judge = async {
+            match self.suspects.iter().map(|(_, at)| *at).min() {
                 Some(t) => tokio::time::sleep_until(t).await,
                 None => std::future::pending().await,
             }
@@ -158,13 +159,14 @@ impl<S: Store> Rendezvous<S> {
                 self.next_check = Some(Instant::now() + self.settings.keep_alive_interval);
                 return Ok(self.evict_stale_neighbour().await?.map(RdzvEvent::PeerLost));
             }
+            () = judge => return Ok(self.judge_suspects().await?.map(RdzvEvent::PeerLost)),
         };
         let Some(event) = event else { return self.after_store_lost(current).await };
         let Some(rest) = event.key.strip_prefix(self.prefix.as_str()) else { return Ok(None) };
         let member = |node: &str| current.neighbours.iter().any(|m| m.id == node);
         match (event.kind, rest.split_once('/')) {
             (WatchEventKind::Deleted, Some(("alive", node))) if member(node) && node != self.me.id => {
-                Ok(Some(RdzvEvent::PeerLost(node.to_string())))
+                Ok(self.peer_deleted(node))
             }
             (WatchEventKind::Written, Some(("waiting", _))) => {
                 self.joiner_arrived(current).await?;
@@ -177,6 +179,42 @@ impl<S: Store> Rendezvous<S> {
             (WatchEventKind::Written, None) if rest == "closed" => Ok(Some(RdzvEvent::Closed)),
             _ => Ok(None),
         }
+    }
+
+    /// A neighbour's liveness key is gone. Believed at once when this node's own link was sound for the
+    /// whole window; otherwise the store itself was in trouble (an etcd that froze revokes every lease when
+    /// it resumes), so the neighbour gets a window to register again before it is judged.
+    fn peer_deleted(&mut self, node: &str) -> Option<RdzvEvent> {
+        let link = self.link.get();
+        if link.may_evict(Instant::now(), &self.timing) {
+            return Some(RdzvEvent::PeerLost(node.to_string()));
+        }
+        tracing::info!(node, "a neighbour's liveness key went while this node's link to the store was broken; judging it in one window");
+        self.suspects.retain(|(id, _)| id != node);
+        self.suspects.push((node.to_string(), link.judge_at(&self.timing)));
+        None
+    }
+
+    /// The suspects whose time has come: lost if their liveness key is still gone and this node has
+    /// evidence; back in the group if it came back; judged later if this node's link broke again.
+    async fn judge_suspects(&mut self) -> Result<Option<String>, RdzvError> {
+        let now = Instant::now();
+        let link = self.link.get();
+        let due: Vec<String> = self.suspects.iter().filter(|(_, at)| *at <= now).map(|(id, _)| id.clone()).collect();
+        for id in due {
+            if !link.may_evict(now, &self.timing) {
+                let later = link.judge_at(&self.timing).max(now + self.timing.probe_every);
+                self.suspects.iter_mut().filter(|(s, _)| *s == id).for_each(|(_, at)| *at = later);
+                continue;
+            }
+            self.suspects.retain(|(s, _)| *s != id);
+            if self.store.get(&self.key(&format!("alive/{id}"))).await?.is_none() {
+                tracing::warn!(node = %id, "a neighbour did not register again within a window after the store came back; it is lost");
+                return Ok(Some(id));
+            }
+            tracing::info!(node = %id, "a neighbour registered again after the store came back");
+        }
+        Ok(None)
     }
 
     /// The watch ended with its connection, or a request failed on it: the store went away. Asks again
@@ -234,11 +272,14 @@ impl<S: Store> Rendezvous<S> {
     /// A neighbour whose heartbeat stopped (a hung or stopped agent, whose connection may stay open) is
     /// evicted: deleting its liveness key tells its other watcher too. Returns its id.
     async fn evict_stale_neighbour(&mut self) -> Result<Option<String>, RdzvError> {
+        // Without evidence (this node's own round trips failed within the window), a beat that did not
+        // change says nothing about the neighbour: its count starts again.
+        let evidence = self.link.get().may_evict(Instant::now(), &self.timing);
         for i in 0..self.neighbours.len() {
             let id = self.neighbours[i].0.clone();
             let beat = self.store.get(&self.key(&format!("hb/{id}"))).await?;
             let (_, last, stale) = &mut self.neighbours[i];
-            if beat.is_some() && beat == *last {
+            if beat.is_some() && beat == *last && evidence {
                 *stale += 1;
             } else {
                 *stale = 0;
@@ -282,6 +323,52 @@ impl<S: Store> Rendezvous<S> {
             value = published => value.map(Published::Value),
             event = self.next_event() => event.map(Published::Changed),
         }
+    }
+}
+
+/// The heartbeat task: a round trip every `probe_every`, each bounded by `request_bound` (past it the
+/// connection is replaced): a beat (`hb/<me>`, a new value the others compare) once per `interval`, a ping
+/// between beats. Each acknowledgement, and each failure, goes into `link`.
+async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration) {
+    let interval_ms = Some(interval.as_millis() as u64);
+    let mut beat: u64 = 0;
+    let mut last_beat: Option<Instant> = None;
+    // Said once per run of failures: an outage of the store is not a line every second.
+    let mut failing = false;
+    loop {
+        let sent = Instant::now();
+        let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= interval);
+        let result = if due {
+            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms }.encode();
+            store.beat(&key, &value, t.request_bound).await
+        } else {
+            store.ping(&key, t.request_bound).await
+        };
+        match result {
+            Ok(()) => {
+                link.lock().ack(sent);
+                if due {
+                    beat += 1;
+                    last_beat = Some(sent);
+                }
+                if failing {
+                    tracing::debug!("heartbeats are acknowledged again");
+                }
+                failing = false;
+            }
+            Err(e) => {
+                link.lock().fail();
+                let e = RdzvError::Store(e);
+                // The store's client says when it cannot reach the store; a slow answer is said here.
+                if !failing && !is_connection_error(&e) {
+                    tracing::warn!("heartbeat failed: {e}");
+                } else if !failing {
+                    tracing::debug!("heartbeat not acknowledged: {e}");
+                }
+                failing = true;
+            }
+        }
+        tokio::time::sleep_until(sent + t.probe_every).await;
     }
 }
 

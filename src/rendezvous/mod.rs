@@ -34,6 +34,7 @@ use crate::store::{Store, StoreError, WatchEvent};
 
 #[cfg(test)]
 mod fuzz;
+mod fence;
 mod join;
 mod liveness;
 mod retry;
@@ -44,6 +45,7 @@ mod tests;
 mod view;
 mod wire;
 
+pub use fence::Timing;
 pub use liveness::unix_ms;
 pub use view::{read_view, JobView, NodeView};
 pub use wire::{Fingerprint, Heartbeat, RoundInfo};
@@ -118,6 +120,9 @@ pub enum RdzvEvent {
     RoundChanged,
     /// The job was closed by another member (finished or failed for good).
     Closed,
+    /// This node is cut off from the store (nothing acknowledged for `silent`, no network path): the
+    /// others are about to evict it, so its workers must stop first (`fence.rs`).
+    Fenced { silent: Duration },
 }
 
 /// What a node waiting for group rank 0's publication learns first.
@@ -135,7 +140,8 @@ pub struct Rendezvous<S: Store> {
     me: NodeInfo,
     fingerprint: Fingerprint,
     prefix: String,
-    prev_rank: Option<u32>,
+    /// The round this node last joined and its group rank there.
+    prev: Option<(u64, u32)>,
     /// Restarts this node has spent, written in its record of each round it joins.
     restarts: u32,
     current: Option<RoundInfo>,
@@ -144,6 +150,14 @@ pub struct Rendezvous<S: Store> {
     /// The members whose liveness this node checks, with their last heartbeat and how many checks it has
     /// not changed.
     neighbours: Vec<(String, Option<Vec<u8>>, u32)>,
+    /// This node's own link to the store, as its heartbeat task finds it.
+    link: fence::SharedLink,
+    timing: Timing,
+    /// Neighbours whose liveness key went while this node's link was broken, and when to judge them.
+    suspects: Vec<(String, Instant)>,
+    /// When this node fenced itself (cleared once it is in a round again): it gives up `store_timeout`
+    /// later, whatever it is doing then.
+    fenced_at: Option<Instant>,
     /// An event found while setting up the watch, delivered first.
     pending: Option<RdzvEvent>,
     /// When the joiners seen waiting are let in (the end of their last call); kept across `next_event`
@@ -160,15 +174,20 @@ pub struct Rendezvous<S: Store> {
 impl<S: Store> Rendezvous<S> {
     pub fn new(store: S, settings: Settings, me: NodeInfo, fingerprint: Fingerprint) -> Self {
         let prefix = format!("{KEY_PREFIX}{}/", settings.run_id);
+        let timing = Timing::of(&settings);
         Rendezvous {
             store: Arc::new(store),
             heartbeat: None,
             neighbours: Vec::new(),
+            link: fence::SharedLink::new(&timing),
+            timing,
+            suspects: Vec::new(),
+            fenced_at: None,
             settings,
             me,
             fingerprint,
             prefix,
-            prev_rank: None,
+            prev: None,
             restarts: 0,
             current: None,
             pending: None,
@@ -185,6 +204,33 @@ impl<S: Store> Rendezvous<S> {
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// The liveness timing derived from the settings.
+    pub fn timing(&self) -> Timing {
+        self.timing
+    }
+
+    /// When a node that fenced itself gives up: `store_timeout` after the fence.
+    fn give_up_at(&self) -> Option<(Instant, Instant)> {
+        self.fenced_at.map(|fenced| (fenced, fenced + self.settings.store_timeout))
+    }
+}
+
+/// Runs `op`, or gives up with [`RdzvError::StoreLost`] at `give_up` (from [`Rendezvous::give_up_at`]): a
+/// node cut off ends at a time it can state, not after each operation's own retries.
+async fn within<T>(give_up: Option<(Instant, Instant)>, op: impl std::future::Future<Output = Result<T, RdzvError>>) -> Result<T, RdzvError> {
+    let Some((fenced, at)) = give_up else { return op.await };
+    match tokio::time::timeout_at(at, op).await {
+        Ok(done) => done,
+        Err(_) => {
+            tracing::warn!(
+                "the rendezvous store has been out of reach since this node fenced itself {:?} ago; giving up \
+                 (read_timeout, join_timeout with etcd)",
+                fenced.elapsed()
+            );
+            Err(RdzvError::StoreLost)
+        }
     }
 }
 

@@ -6,7 +6,8 @@ use super::wire::{parse_round, Record, Seal};
 use super::*;
 
 fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
-    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, pref_rank: pref, restarts: None }
+    let prev_round = prev.map(|_| 4);
+    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, prev_round, pref_rank: pref, restarts: None }
 }
 
 fn settings(max: u32, strict: bool) -> Settings {
@@ -34,6 +35,19 @@ fn ids(v: &[Record]) -> Vec<&str> {
 fn previous_members_keep_their_order_and_newcomers_follow() {
     let r = vec![rec("new", 1, None, None), rec("b", 2, Some(2), None), rec("a", 3, Some(0), None)];
     assert_eq!(ids(&assign_ranks(r, &settings(4, false)).unwrap()), ["a", "b", "new"]);
+}
+
+#[test]
+fn a_node_back_from_an_older_round_is_a_newcomer() {
+    // "old" held rank 0 in round 3 and was evicted while cut off; "a" and "b" re-formed in round 4 without it.
+    let mut old = rec("old", 1, Some(0), None);
+    old.prev_round = Some(3);
+    let r = vec![old, rec("b", 2, Some(1), None), rec("a", 3, Some(0), None), rec("new", 4, None, None)];
+    assert_eq!(ids(&assign_ranks(r, &settings(4, false)).unwrap()), ["a", "b", "old", "new"]);
+    // Records of agents before `prev_round` keep their previous order as they did.
+    let mut legacy = vec![rec("b", 1, Some(1), None), rec("a", 2, Some(0), None)];
+    legacy.iter_mut().for_each(|r| r.prev_round = None);
+    assert_eq!(ids(&assign_ranks(legacy, &settings(4, false)).unwrap()), ["a", "b"]);
 }
 
 #[test]

@@ -41,6 +41,10 @@ pub(super) struct Record {
     pub(super) node: NodeInfo,
     pub(super) slot: i64,
     pub(super) prev_rank: Option<u32>,
+    /// The round `prev_rank` was held in: only the members of the latest round any joiner comes from keep
+    /// their order; a node that returns from an older one (evicted while cut off) is a newcomer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) prev_round: Option<u64>,
     pub(super) pref_rank: Option<u32>,
     /// Restarts the node had spent when it joined (for `muster status`); absent from agents before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -6,7 +6,7 @@ use tokio::sync::mpsc;
 
 use super::etcd::EtcdStore;
 use super::remote::RemoteStore;
-use super::{Store, StoreError, WatchEvent, WatchTarget};
+use super::{Reach, Store, StoreError, WatchEvent, WatchTarget};
 
 pub enum RdzvStore {
     Tcp(RemoteStore),
@@ -61,8 +61,14 @@ impl Store for RdzvStore {
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         each!(self, s => s.delete(key))
     }
-    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        each!(self, s => s.beat(key, value))
+    async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
+        each!(self, s => s.beat(key, value, timeout))
+    }
+    async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
+        each!(self, s => s.ping(key, timeout))
+    }
+    async fn reach(&self, timeout: Duration) -> Reach {
+        each!(self, s => s.reach(timeout))
     }
     async fn set_session(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         each!(self, s => s.set_session(key, value))

@@ -32,9 +32,17 @@ pub trait Store: Send + Sync + 'static {
     /// Every key under `prefix`.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
     fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
-    /// This handle's heartbeat: `set`, on a path where it never queues behind a long wait of this handle
-    /// (over TCP, the connection that holds the session keys).
-    fn beat(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// This handle's heartbeat: `set`, acknowledged by the store within `timeout` (Ok means the store has it,
+    /// not that it sits in a send buffer), on a path where it never queues behind a long wait of this handle
+    /// (over TCP, the connection that holds the session keys). A beat not acknowledged in time replaces
+    /// that path: a connection with requests unanswered would otherwise wait out TCP's retransmissions.
+    fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// A round trip that changes nothing, on the heartbeat's path and bounded as it is: between two beats,
+    /// it tells this handle that the store still answers.
+    fn ping(&self, key: &str, timeout: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Whether the network still leads to the store, asked on a fresh connection within `timeout`: a host
+    /// that completes (or refuses) a TCP handshake is there, whatever its store process does.
+    fn reach(&self, timeout: Duration) -> impl Future<Output = Reach> + Send;
     /// A key deleted when this handle's owner goes away.
     fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Every later write and delete of the given keys and prefixes, on one channel; dropping the receiver
@@ -43,6 +51,16 @@ pub trait Store: Send + Sync + 'static {
         &self,
         targets: &[WatchTarget],
     ) -> impl Future<Output = Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError>> + Send;
+}
+
+/// What [`Store::reach`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reach {
+    /// The store's host answered at the TCP level: its process may be stopped or overloaded, but this node
+    /// is not cut off from it.
+    Path,
+    /// No handshake completed in time (no SYN-ACK, no RST, or no route): this node is cut off.
+    NoPath,
 }
 
 /// What a watch follows.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::{mpsc, Notify};
 
-use super::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
+use super::{Reach, Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 #[derive(Default)]
 struct Inner {
@@ -102,8 +102,17 @@ impl Store for MemoryHandle {
         Ok(())
     }
 
-    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
+    async fn beat(&self, key: &str, value: &[u8], _timeout: Duration) -> Result<(), StoreError> {
         self.set(key, value).await
+    }
+
+    async fn ping(&self, _key: &str, _timeout: Duration) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// In-process: always there.
+    async fn reach(&self, _timeout: Duration) -> Reach {
+        Reach::Path
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {

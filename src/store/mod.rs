@@ -2,6 +2,7 @@
 
 mod error;
 mod kv;
+mod reach;
 pub mod memory;
 pub mod remote;
 mod standalone;
@@ -11,5 +12,6 @@ pub mod tcp;
 
 pub use either::RdzvStore;
 pub use error::StoreError;
-pub use kv::{Store, WatchEvent, WatchEventKind, WatchTarget};
+pub use kv::{Reach, Store, WatchEvent, WatchEventKind, WatchTarget};
+pub use reach::reach_any;
 pub use standalone::{run_standalone, store_main};

@@ -20,7 +20,7 @@ use tokio::time::{timeout_at, Instant};
 use super::tcp::frame::{Reply, ReplyShape, Request, WatchMode, CHECK_READY};
 use super::tcp::mux::{decode, Subscription};
 use super::tcp::Mux;
-use super::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
+use super::{Reach, Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 #[cfg(test)]
 mod tests;
@@ -135,6 +135,25 @@ impl RemoteStore {
     fn shape(&self, op: &'static str) -> StoreError {
         let source = super::tcp::frame::FrameError::Malformed("a reply of another shape");
         StoreError::Protocol { addr: self.addr, op, source }
+    }
+
+    /// `request` within `timeout`; past it the connection it went on is broken (the next request connects
+    /// afresh) rather than left to TCP's retransmission back-off, which on a silent path lasts minutes.
+    async fn acknowledged(
+        &self,
+        timeout: Duration,
+        op: &'static str,
+        request: impl std::future::Future<Output = Result<(), StoreError>>,
+    ) -> Result<(), StoreError> {
+        match tokio::time::timeout(timeout, request).await {
+            Ok(done) => done,
+            Err(_) => {
+                if let Some(mux) = self.working() {
+                    mux.break_off();
+                }
+                Err(StoreError::Timeout { addr: self.addr, op, timeout })
+            }
+        }
     }
 
     /// Follows `targets` on the current connection; the channel closes if that connection fails.
@@ -259,9 +278,22 @@ impl Store for RemoteStore {
         self.post(&Request::SetSession { key: &wire(key), value }, "set_session").await
     }
 
-    /// A plain `set`: on the one connection a heartbeat never waits behind a long wait.
-    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.set(key, value).await
+    /// A `set` and a CHECK behind it, whose reply (replies come in order) says the store has the set. On
+    /// the one connection a heartbeat never waits behind a long wait.
+    async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
+        self.acknowledged(timeout, "heartbeat", async {
+            self.set(key, value).await?;
+            self.check(key).await.map(drop)
+        })
+        .await
+    }
+
+    async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
+        self.acknowledged(timeout, "ping", async { self.check(key).await.map(drop) }).await
+    }
+
+    async fn reach(&self, timeout: Duration) -> Reach {
+        crate::store::reach_any(&[self.addr.to_string()], timeout).await
     }
 
     async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {

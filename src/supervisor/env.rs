@@ -27,6 +27,9 @@ pub struct GroupSpec {
     pub restart_count: u32,
     pub max_restarts: u32,
     pub run_id: String,
+    /// The rendezvous round these workers belong to, exported as `MUSTER_ROUND`: a fencing token (a
+    /// checkpoint writer can refuse a round older than the newest it has seen).
+    pub round: u64,
     pub use_agent_store: bool,
     pub virtual_local_rank: bool,
     /// `--signals-to-handle` as given; torchrun exports it as TORCHELASTIC_SIGNALS_TO_HANDLE.
@@ -68,7 +71,11 @@ pub const PER_START: &[&str] = &[
     "MASTER_PORT",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_ERROR_FILE",
+    ROUND_ENV,
 ];
+
+/// muster's own addition to the contract: the round (see [`GroupSpec::round`]).
+pub const ROUND_ENV: &str = "MUSTER_ROUND";
 
 /// The variables set for worker `local_rank`; `parent` looks up the agent's own environment.
 pub fn worker_env(
@@ -97,6 +104,7 @@ pub fn worker_env(
         ("TORCH_NCCL_ASYNC_ERROR_HANDLING", parent("TORCH_NCCL_ASYNC_ERROR_HANDLING").unwrap_or_else(|| "1".into())),
         ("TORCHELASTIC_ERROR_FILE", error_file.map(|p| p.display().to_string()).unwrap_or_default()),
         ("TORCHELASTIC_SIGNALS_TO_HANDLE", spec.signals_to_handle.clone()),
+        (ROUND_ENV, spec.round.to_string()),
     ];
     if parent("OMP_NUM_THREADS").is_none() && spec.local_world_size > 1 {
         env.push(("OMP_NUM_THREADS", "1".into()));
@@ -148,6 +156,7 @@ mod tests {
             restart_count: 1,
             max_restarts: 3,
             run_id: "job".into(),
+            round: 7,
             use_agent_store: true,
             virtual_local_rank: false,
             signals_to_handle: "SIGTERM".into(),
@@ -173,6 +182,7 @@ mod tests {
             ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
             ("OMP_NUM_THREADS", "1"),
             ("TORCHELASTIC_ERROR_FILE", "/l/1/error.json"),
+            ("MUSTER_ROUND", "7"),
         ] {
             assert_eq!(get(&env, k), Some(v), "{k}");
         }

@@ -50,6 +50,8 @@ struct Outage {
 
 pub(super) struct Cluster {
     urls: Vec<String>,
+    /// The members as `host:port`.
+    hosts: Vec<String>,
     client: reqwest::Client,
     /// For watch streams: no overall deadline (a watch may be quiet for days), TCP keepalive instead.
     streams: reqwest::Client,
@@ -92,6 +94,7 @@ impl Cluster {
             b.build().map_err(|e| StoreError::BadSetting { what: format!("cannot set up the etcd client: {e}") })
         };
         Ok(Cluster {
+            hosts: endpoints.to_vec(),
             named: urls.join(","),
             client: build(false)?,
             streams: build(true)?,
@@ -101,6 +104,11 @@ impl Cluster {
             token: Mutex::new(None),
             outage: Mutex::new(Outage::default()),
         })
+    }
+
+    /// Each member's `host:port`, for [`crate::store::reach_any`].
+    pub(super) fn hosts(&self) -> &[String] {
+        &self.hosts
     }
 
     fn token(&self) -> MutexGuard<'_, Option<String>> {
@@ -139,7 +147,12 @@ impl Cluster {
                         self.answered(idx);
                         return Ok(bytes);
                     }
-                    Err(Failure::Transient(why)) => last = format!("{}: {why}", self.urls[idx]),
+                    Err(Failure::Transient(why)) => {
+                        // The next request starts at the next member: one in flight to a dying leader
+                        // must not be followed by another to it.
+                        let _ = self.preferred.compare_exchange(idx, (idx + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
+                        last = format!("{}: {why}", self.urls[idx]);
+                    }
                     Err(Failure::Token) if !reauthenticated => {
                         reauthenticated = true;
                         *self.token() = None;
@@ -233,7 +246,7 @@ impl Cluster {
         if !outage.reported && since.elapsed() >= OUTAGE_AFTER {
             outage.reported = true;
             tracing::warn!(
-                "etcd does not answer at {} ({last}); the workers keep running and muster keeps trying",
+                "etcd does not answer at {} ({last}); retrying",
                 self.named
             );
         }

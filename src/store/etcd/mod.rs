@@ -33,7 +33,7 @@ use self::cluster::Cluster;
 use self::lease::Session;
 use self::watch::{Namer, Target};
 use self::wire::{Compare, DeleteReply, RangeReply, StatusReply, TxnReply};
-use super::{Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
+use super::{Reach, Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 /// How to reach etcd and what this handle's session is.
 #[derive(Debug, Clone)]
@@ -49,8 +49,6 @@ pub struct EtcdOptions {
     pub lease_ttl: Duration,
     /// Bounds every request (across members and retries).
     pub request_timeout: Duration,
-    /// Bounds a heartbeat: one that cannot be written soon is skipped, the next one comes.
-    pub beat_timeout: Duration,
 }
 
 /// etcd's default `--max-txn-ops`: the most operations one transaction may hold.
@@ -61,7 +59,6 @@ pub struct EtcdStore {
     session: Arc<Session>,
     namespace: Arc<str>,
     timeout: Duration,
-    beat_timeout: Duration,
     version: String,
 }
 
@@ -83,7 +80,6 @@ impl EtcdStore {
             cluster,
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
-            beat_timeout: opts.beat_timeout,
             version: status.version,
         })
     }
@@ -235,11 +231,27 @@ impl Store for EtcdStore {
         Ok(reply.deleted > 0)
     }
 
-    /// On the session's lease; skipped (an error the caller logs once) when etcd is out of reach.
-    async fn beat(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        let lease = self.session.lease().await?;
+    /// On the session's lease; an HTTP reply is etcd's acknowledgement. A member that does not answer in
+    /// time is not asked first next time (it may be a leader dying mid-request).
+    async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
+        let deadline = Instant::now() + timeout;
+        let lease = tokio::time::timeout_at(deadline, self.session.lease()).await.map_err(|_| {
+            let last = format!("no lease within {timeout:?}");
+            StoreError::Unreachable { endpoints: self.cluster.named.clone(), op: "/v3/lease/grant", last }
+        })??;
         let body = wire::put(&self.full(key), value, Some(lease));
-        self.cluster.call::<Value>("/v3/kv/put", &body, Instant::now() + self.beat_timeout).await.map(drop)
+        self.cluster.call::<Value>("/v3/kv/put", &body, deadline).await.map(drop)
+    }
+
+    /// A serializable read: any live member answers it from its own state, without a quorum round.
+    async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
+        let mut body = wire::range(&self.full(key), false, true);
+        body["serializable"] = serde_json::json!(true);
+        self.cluster.call::<Value>("/v3/kv/range", &body, Instant::now() + timeout).await.map(drop)
+    }
+
+    async fn reach(&self, timeout: Duration) -> Reach {
+        crate::store::reach_any(self.cluster.hosts(), timeout).await
     }
 
     async fn set_session(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {

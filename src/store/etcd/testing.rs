@@ -53,7 +53,6 @@ impl TestEtcd {
             namespace: namespace.to_string(),
             lease_ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(10),
-            beat_timeout: Duration::from_secs(2),
         }
     }
 

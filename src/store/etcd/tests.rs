@@ -44,7 +44,7 @@ async fn session_keys_end_with_their_handle_and_watches_see_it() {
     let observer = etcd.store("/t/").await;
     let member = etcd.store("/t/").await;
     member.set_session("alive/x", b"1").await.unwrap();
-    member.beat("hb/x", b"1").await.unwrap();
+    member.beat("hb/x", b"1", Duration::from_secs(2)).await.unwrap();
     let mut events = observer.watch(&[WatchTarget::Key("alive/x".into()), WatchTarget::Prefix("w/".into())]).await.unwrap();
     observer.set("w/1", b"j").await.unwrap();
     let e = events.recv().await.unwrap();

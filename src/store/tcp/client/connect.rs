@@ -114,7 +114,7 @@ pub(in crate::store::tcp) const CONNECT_ATTEMPT: Duration = Duration::from_secs(
 pub(in crate::store::tcp) async fn open(addr: SocketAddr) -> Result<TcpStream, StoreError> {
     let io = |source| StoreError::Io { addr, op: "connect", source };
     let unanswered = || {
-        let why = format!("no answer within {CONNECT_ATTEMPT:?} (the store's accept queue may be full)");
+        let why = format!("no answer within {CONNECT_ATTEMPT:?} (the store's host is cut off, or its accept queue is full)");
         io(std::io::Error::new(std::io::ErrorKind::TimedOut, why))
     };
     let stream = tokio::time::timeout(CONNECT_ATTEMPT, TcpStream::connect(addr))

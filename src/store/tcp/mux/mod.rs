@@ -126,6 +126,12 @@ impl Mux {
         self
     }
 
+    /// Gives the connection up (its owner found it unanswered): pending requests fail, watches close, the
+    /// owner connects again.
+    pub fn break_off(&self) {
+        self.shared.fail();
+    }
+
     /// Whether the connection failed (the owner should connect again).
     pub fn is_failed(&self) -> bool {
         self.shared.failed.load(Ordering::SeqCst)
