@@ -180,7 +180,6 @@ struct Seen {
     pid: i32,
     node: String,
     rank: String,
-    round: Option<String>,
     first: f64,
     last: f64,
     gone: bool,
@@ -251,7 +250,6 @@ impl Sampler {
                         pid,
                         node: node.clone(),
                         rank: rank.clone(),
-                        round: env.get("MUSTER_ROUND").cloned(),
                         first: t,
                         last: t,
                         gone: false,
@@ -636,7 +634,7 @@ struct CutOutcome {
 
 /// Cuts `victim` once every agent on `hosts` runs one round, waits for the victim to give up and the
 /// survivors to re-form, and gathers what happened.
-fn cut_and_observe(job: &mut Job, hosts: &[usize], victim: usize, store_timeout: f64) -> (f64, i64, CutOutcome) {
+fn cut_and_observe(job: &mut Job, hosts: &[usize], victim: usize, store_timeout: f64) -> (f64, CutOutcome) {
     let tm = job.timings;
     let r0 = job.wait_running(hosts, 0.0, cluster::LONG, "the first round");
     // A moment in the round, so that heartbeats flow as usual when the cut comes.
@@ -668,7 +666,7 @@ fn cut_and_observe(job: &mut Job, hosts: &[usize], victim: usize, store_timeout:
     let new: Vec<&Seen> = seen.iter().filter(|s| s.node != name && s.first > t_cut).collect();
     let (split_brain, split_pair) = max_overlap(&old, &new);
     let exit = job.node(victim).exit;
-    (t_cut, r0, CutOutcome { fence, stopped, evicted, running, exit, split_brain, split_pair })
+    (t_cut, CutOutcome { fence, stopped, evicted, running, exit, split_brain, split_pair })
 }
 
 /// The spec's expectations of a silent cut (scenarios a, c and d), checked and reported.
@@ -758,19 +756,19 @@ fn check_cut(job: &Job, t_cut: f64, o: &CutOutcome, store_timeout: f64, checks: 
     }
 }
 
-/// The workers' MUSTER_ROUND: set on every worker, and larger in a newer round (a fencing token).
+/// The workers' MUSTER_ROUND (a fencing token): set on every worker, the round of a transition of its agent
+/// to "running", and never smaller than that of a worker its node started before.
 fn check_rounds(job: &Job, checks: &mut Checks) {
     let st = starts(job.path());
     checks.check(st.iter().all(|s| s.round.is_some()), || "a worker has no MUSTER_ROUND in its environment".into());
-    let seen = job.sampler.seen();
-    for pair in seen.windows(2) {
-        let (a, b) = (&pair[0], &pair[1]);
-        if let (Some(ra), Some(rb)) = (a.round.as_deref().and_then(|r| r.parse::<i64>().ok()), b.round.as_deref().and_then(|r| r.parse::<i64>().ok())) {
-            // A worker started after another ended on the same node belongs to the same or a newer round.
-            if a.node == b.node && b.first > a.last {
-                checks.check(rb >= ra, || format!("MUSTER_ROUND went back on {}: {ra} then {rb}", a.node));
-            }
+    for n in &job.nodes {
+        let name = n.name();
+        let ran: Vec<i64> = job.events(n.host).iter().filter(|t| t.to == "running").filter_map(|t| t.round).collect();
+        let mine: Vec<i64> = st.iter().filter(|s| s.node == name).filter_map(|s| s.round).collect();
+        for r in &mine {
+            checks.check(ran.contains(r), || format!("{name}: a worker's MUSTER_ROUND={r} is no round its agent ran ({ran:?})"));
         }
+        checks.check(mine.windows(2).all(|w| w[0] <= w[1]), || format!("{name}: MUSTER_ROUND went back: {mine:?}"));
     }
 }
 
@@ -869,7 +867,7 @@ fn c10d_a_silently_cut_node_is_fenced_before_the_survivors_reform_and_exits_3() 
     let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
     job.start_c10d(&[0, 1, 2]);
     let store_timeout = FAST.read_timeout as f64;
-    let (t_cut, _, o) = cut_and_observe(&mut job, &[0, 1, 2], 2, store_timeout);
+    let (t_cut, o) = cut_and_observe(&mut job, &[0, 1, 2], 2, store_timeout);
     let mut checks = Checks::default();
     check_cut(&job, t_cut, &o, store_timeout, &mut checks, &mut report);
     check_rounds(&job, &mut checks);
@@ -890,7 +888,7 @@ fn c10d_a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_r
     let net = Net::new(3);
     let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
     job.start_c10d(&[0, 1, 2]);
-    let r0 = job.wait_running(&[0, 1, 2], 0.0, cluster::LONG, "the first round");
+    job.wait_running(&[0, 1, 2], 0.0, cluster::LONG, "the first round");
     std::thread::sleep(Duration::from_secs(2));
     let t_cut = epoch(net.cut(2));
     let bound = FAST.w() + FAST.i() + 15.0;
@@ -930,7 +928,6 @@ fn c10d_a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_r
     report.set("split_brain_s", round3(split));
     checks.check(split == 0.0, || format!("split brain: {split:.3} s: {pair:?}"));
     check_rounds(&job, &mut checks);
-    let _ = r0;
     checks.assert_all(|| format!("timeline (s from the cut; heal at {:+.3}):\n{}\n{}", t_heal - t_cut, job.timeline(t_cut), job.logs()));
     job.finish();
     for h in [0, 1, 2] {
@@ -953,7 +950,7 @@ fn c10d_external_store_the_group_rank_0_host_cut_never_two_rank_0_workers() {
     let victim = *ranks.iter().find(|(_, g)| **g == Some(0)).unwrap_or_else(|| panic!("no GROUP_RANK 0: {ranks:?}")).0;
     report.set("cut_host", victim);
     let store_timeout = FAST.read_timeout as f64;
-    let (t_cut, _, o) = cut_and_observe(&mut job, &[1, 2, 3], victim, store_timeout);
+    let (t_cut, o) = cut_and_observe(&mut job, &[1, 2, 3], victim, store_timeout);
     let mut checks = Checks::default();
     check_cut(&job, t_cut, &o, store_timeout, &mut checks, &mut report);
     let seen = job.sampler.seen();
@@ -986,7 +983,7 @@ fn etcd_a_silently_cut_agent_host_is_fenced_before_the_survivors_reform_and_exit
         job.start_agent(h, "");
     }
     let store_timeout = FAST.join_timeout as f64;
-    let (t_cut, _, o) = cut_and_observe(&mut job, &[3, 4, 5], 5, store_timeout);
+    let (t_cut, o) = cut_and_observe(&mut job, &[3, 4, 5], 5, store_timeout);
     let mut checks = Checks::default();
     check_cut(&job, t_cut, &o, store_timeout, &mut checks, &mut report);
     check_rounds(&job, &mut checks);
