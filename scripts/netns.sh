@@ -4,7 +4,7 @@
 # (scripts/lib.sh's ensure_nftables installs it).
 #
 #   scripts/netns.sh up N            N hosts PREFIX-h0..h(N-1), host I at 198.18.0.(I+1)/24, plus PREFIX-br
-#   scripts/netns.sh exec I CMD...   runs CMD in host I (ip netns exec), e.g. exec 1 muster --local-addr 198.18.0.2 ...
+#   scripts/netns.sh exec I CMD...   runs CMD in host I (its network namespace only), e.g. exec 1 muster --local-addr 198.18.0.2 ...
 #   scripts/netns.sh addr I          prints host I's address
 #   scripts/netns.sh cut I           host I silently cut off, both ways (packets dropped: no FIN, no RST)
 #   scripts/netns.sh cut-inbound I   only the packets *to* host I are dropped (it still sends)
@@ -18,6 +18,15 @@
 # touches a running test's namespaces. 198.18.0.0/15 is the RFC 2544 benchmarking range: these addresses
 # exist only inside the namespaces. All hosts share one hostname (which /etc/hosts maps to loopback), so give
 # each muster `--local-addr <its address>`. The fault table is `bridge $PREFIX` in the bridge namespace.
+#
+# tests/partition.rs's first scenario by hand (c10d, the store hosted by host 0's agent; mkdir /tmp/out first):
+#   scripts/netns.sh up 3
+#   for i in 0 1 2; do scripts/netns.sh exec $i env MUSTER_TEST_NODE=h$i target/debug/muster --nnodes 2:3 \
+#       --rdzv-backend c10d --rdzv-endpoint 198.18.0.1:29400 --rdzv-id demo --local-addr 198.18.0.$((i + 1)) \
+#       --rdzv-conf keep_alive_interval=1,keep_alive_max_attempt=3,read_timeout=10,last_call_timeout=1 \
+#       --event-log /tmp/out/events-h$i.jsonl tests/fixtures/netns_worker.py /tmp/out & done
+#   scripts/netns.sh cut 2      # host 2 fences (stops its worker) and exits 3; hosts 0 and 1 re-form
+#   touch /tmp/out/finish; scripts/netns.sh down
 set -euo pipefail
 P="${NETNS_PREFIX:-mn}"
 BR="$P-br"
@@ -80,7 +89,9 @@ case "$cmd" in
         i="$1"
         shift
         [ $# -gt 0 ] || die "exec I CMD...: no command"
-        exec ip netns exec "$P-h$i" "$@"
+        # nsenter joins only the network namespace; `ip netns exec` would also unmount /sys (and with it
+        # /sys/fs/cgroup, muster's job cgroup) in a mount namespace of its own.
+        exec nsenter --net="/run/netns/$P-h$i" -- "$@"
         ;;
     addr)
         host_index "${1:-}"
@@ -131,7 +142,7 @@ case "$cmd" in
         done
         ;;
     -h | --help | help | '')
-        sed -n '2,20p' "$0"
+        sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
         ;;
     *) die "unknown command '$cmd'; use up N | exec I CMD... | addr I | cut I | cut-inbound I | loss I K | link-down I | heal | status | down" ;;
 esac

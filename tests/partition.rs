@@ -448,6 +448,7 @@ impl<'n> Job<'n> {
                 format!("--rdzv-conf={conf}"),
                 format!("--local-addr={}", h.addr()),
                 format!("--event-log={}", self.events_path(host).display()),
+                format!("--log-dir={}", self.path().join(format!("logs-h{host}")).display()),
                 "--max-restarts=3".into(),
                 "--shutdown-timeout=5".into(),
                 fixture("netns_worker.py").display().to_string(),
