@@ -9,7 +9,10 @@
 //!   stays unreachable for read_timeout (c10d) or join_timeout (etcd);
 //! - the survivors evict it no earlier than W after its last heartbeat and run again in a newer round
 //!   within W + I + 1 s of the cut; no worker of the old round overlaps one of the new (no split brain);
-//! - a cut node healed in time comes back as a newcomer, appended after the survivors.
+//! - a cut node healed in time comes back as a newcomer, appended after the survivors;
+//! - the same for an inbound-only cut (the node still sends) and a link that goes down;
+//! - with an external store, never two RANK=0 workers at once; with etcd, the leader's host cut changes
+//!   nothing.
 //!
 //! Every scenario appends one JSON line of measurements to `$MUSTER_PARTITION_REPORT` when it is set (passed
 //! or not; `scripts/stress/partition.sh` tabulates them) and prints it on stderr. The tests need root and
@@ -636,11 +639,22 @@ struct CutOutcome {
 /// Cuts `victim` once every agent on `hosts` runs one round, waits for the victim to give up and the
 /// survivors to re-form, and gathers what happened.
 fn cut_and_observe(job: &mut Job, hosts: &[usize], victim: usize, store_timeout: f64) -> (f64, CutOutcome) {
+    observe_fault(job, hosts, victim, store_timeout, Net::cut)
+}
+
+/// `cut_and_observe` with another fault of the victim's link (`Net::cut_inbound`, `Net::link_down`).
+fn observe_fault(
+    job: &mut Job,
+    hosts: &[usize],
+    victim: usize,
+    store_timeout: f64,
+    fault: fn(&Net, usize) -> SystemTime,
+) -> (f64, CutOutcome) {
     let tm = job.timings;
     let r0 = job.wait_running(hosts, 0.0, cluster::LONG, "the first round");
     // A moment in the round, so that heartbeats flow as usual when the cut comes.
     std::thread::sleep(Duration::from_secs(2));
-    let t_cut = epoch(job.net.cut(victim));
+    let t_cut = epoch(fault(job.net, victim));
     let survivors: Vec<usize> = hosts.iter().copied().filter(|h| *h != victim).collect();
     // The victim should be gone at fence + store_timeout; waited for with head-room, then the survivors.
     let exit_bound = tm.fence_after() + store_timeout + 10.0;
@@ -672,6 +686,12 @@ fn cut_and_observe(job: &mut Job, hosts: &[usize], victim: usize, store_timeout:
 
 /// The spec's expectations of a silent cut (scenarios a, c and d), checked and reported.
 fn check_cut(job: &Job, t_cut: f64, o: &CutOutcome, store_timeout: f64, checks: &mut Checks, report: &mut Report) {
+    check_cut_with(job, t_cut, o, store_timeout, 0.0, checks, report)
+}
+
+/// `check_cut` with `late` more seconds for the survivors' re-form: a fault that lets the victim's
+/// heartbeats reach the store for a while after it starts (an inbound-only cut) starts their W later.
+fn check_cut_with(job: &Job, t_cut: f64, o: &CutOutcome, store_timeout: f64, late: f64, checks: &mut Checks, report: &mut Report) {
     let tm = job.timings;
     let reform = o.running.iter().map(|(_, t)| t.as_ref().map(|t| t.t - t_cut)).collect::<Option<Vec<f64>>>();
     let reform_max = reform.as_ref().map(|r| r.iter().copied().fold(0.0, f64::max));
@@ -729,11 +749,11 @@ fn check_cut(job: &Job, t_cut: f64, o: &CutOutcome, store_timeout: f64, checks: 
         }
     }
     for (h, t) in &o.running {
-        let bound = tm.w() + tm.i() + 1.0;
+        let bound = tm.w() + tm.i() + 1.0 + late;
         match t {
             None => checks.check(false, || format!("survivor h{h} never ran a newer round after the cut")),
             Some(t) => checks.check(t.t - t_cut <= bound, || {
-                format!("survivor h{h} ran its new round {:.3} s after the cut; expected <= W + I + 1 = {bound} s", t.t - t_cut)
+                format!("survivor h{h} ran its new round {:.3} s after the cut; expected <= W + I + 1 (+ {late}) = {bound} s", t.t - t_cut)
             }),
         }
     }
@@ -935,6 +955,39 @@ fn c10d_a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_r
         let code = job.wait_exit(h, cluster::LONG).map(|(_, c)| c);
         assert_eq!(code, Some(Some(0)), "h{h} did not finish: {}", job.node(h).agent.log());
     }
+}
+
+/// (a') c10d, as (a) but only the packets to host 2 are dropped: it still sends (its heartbeats and, when
+/// it gives up on a connection, its FIN reach the store), and hears nothing. It must fence before the
+/// survivors run without it all the same.
+#[test]
+fn c10d_an_inbound_only_cut_node_is_fenced_before_the_survivors_reform() {
+    let _serial = serial();
+    let mut report = Report::new("c10d-cut-inbound");
+    let net = Net::new(3);
+    let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
+    job.start_c10d(&[0, 1, 2]);
+    let store_timeout = FAST.read_timeout as f64;
+    let (t_cut, o) = observe_fault(&mut job, &[0, 1, 2], 2, store_timeout, Net::cut_inbound);
+    let mut checks = Checks::default();
+    // Its beats reach the store until it gives up on its connection, about one heartbeat after the cut.
+    check_cut_with(&job, t_cut, &o, store_timeout, FAST.i(), &mut checks, &mut report);
+    checks.assert_all(|| format!("timeline (s from the cut):\n{}\n{}", job.timeline(t_cut), job.logs()));
+}
+
+/// (a'') c10d, as (a) with host 2's bridge port down (its link loses carrier) instead of a silent drop.
+#[test]
+fn c10d_a_node_whose_link_goes_down_is_fenced_before_the_survivors_reform() {
+    let _serial = serial();
+    let mut report = Report::new("c10d-link-down");
+    let net = Net::new(3);
+    let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
+    job.start_c10d(&[0, 1, 2]);
+    let store_timeout = FAST.read_timeout as f64;
+    let (t_cut, o) = observe_fault(&mut job, &[0, 1, 2], 2, store_timeout, Net::link_down);
+    let mut checks = Checks::default();
+    check_cut(&job, t_cut, &o, store_timeout, &mut checks, &mut report);
+    checks.assert_all(|| format!("timeline (s from the cut):\n{}\n{}", job.timeline(t_cut), job.logs()));
 }
 
 /// (c) c10d with an external `muster store` on host 0 and agents on hosts 1-3; the host of the agent with
