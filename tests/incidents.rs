@@ -179,6 +179,9 @@ fn xid79(nproc: &str, kill: &str) -> Duration {
     let mut cluster = three(nproc, &[], true);
     let took = cluster.drain_b(1, &format!("lost 1 kill={kill}"));
     cluster.expect_placed_always("b");
+    // The death came first, but the node drains: no worker may start in between.
+    let b = starts(cluster.path()).into_iter().filter(|s| s.node == "b").count();
+    assert_eq!(b, 2, "b started workers between its worker's death and the drain");
     cluster.finish(&["a", "c"]);
     took
 }
@@ -201,20 +204,29 @@ fn xid79_with_its_workers_death_30ms_around_the_event() {
 
 #[test]
 fn xid13_with_its_workers_crash_spends_one_restart() {
-    play("XID 13 with its worker's crash", "b spends 1 restart; world 6 again; all exit 0", || {
-        let mut cluster = three("2", &[], true);
-        let t0 = Instant::now();
-        cluster.node("b").gpus.inject(1, "xid 1 13 kill=+5");
-        wait_world(cluster.path(), 6, 12);
-        let took = t0.elapsed();
-        let b: Vec<Start> = starts(cluster.path()).into_iter().filter(|s| s.node == "b").collect();
-        assert_eq!(b.iter().filter(|s| s.restart_count == 1).count(), 2, "b restarted once: {b:?}");
-        assert!(b.iter().all(|s| s.restart_count <= 1), "one incident spent two restarts: {b:?}");
-        let others = starts(cluster.path()).into_iter().filter(|s| s.node != "b");
-        assert!(others.into_iter().all(|s| s.restart_count == 0), "a re-formation spent a restart elsewhere");
-        cluster.finish(&["a", "b", "c"]);
-        took
-    });
+    for (kill, name) in [
+        ("+5", "XID 13 with its worker's crash (5 ms after)"),
+        ("-10", "XID 13, its worker dies 10 ms before"),
+        ("-30", "XID 13, its worker dies 30 ms before"),
+    ] {
+        play(name, "b spends 1 restart; world 6 again; all exit 0", move || xid13(kill));
+    }
+}
+
+/// XID 13 on b's GPU 1, its worker killed `kill` ms around the event: one incident, one restart.
+fn xid13(kill: &str) -> Duration {
+    let mut cluster = three("2", &[], true);
+    let t0 = Instant::now();
+    cluster.node("b").gpus.inject(1, &format!("xid 1 13 kill={kill}"));
+    wait_world(cluster.path(), 6, 12);
+    let took = t0.elapsed();
+    let b: Vec<Start> = starts(cluster.path()).into_iter().filter(|s| s.node == "b").collect();
+    assert_eq!(b.iter().filter(|s| s.restart_count == 1).count(), 2, "b restarted once: {b:?}");
+    assert!(b.iter().all(|s| s.restart_count <= 1), "one incident spent two restarts: {b:?}");
+    let others = starts(cluster.path()).into_iter().filter(|s| s.node != "b");
+    assert!(others.into_iter().all(|s| s.restart_count == 0), "a re-formation spent a restart elsewhere");
+    cluster.finish(&["a", "b", "c"]);
+    took
 }
 
 /// A DBE on b's GPU 1 with the driver's XID 48 20 ms later, under `--on-gpu-fault exclude`: b continues on

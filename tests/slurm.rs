@@ -170,6 +170,33 @@ fn scancel_usr1_then_scancel_reach_the_workers_in_order_and_the_step_exits_143()
     assert_nothing_left(dir.path());
 }
 
+/// `scancel` signals every process of the step at once, so workers that die of the SIGTERM (Python's
+/// default) may be gone before their agent handles its own: each agent still ends 143 (preempted, requeue),
+/// never 1 (a worker failure) or 4 (closed). `MUSTER_SCANCEL_RUNS=N` repeats it (scripts/stress).
+#[test]
+fn scancel_with_workers_dying_of_sigterm_ends_143_on_every_agent() {
+    let runs: usize = std::env::var("MUSTER_SCANCEL_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1);
+    let _one = one_job();
+    let mut codes = Vec::new();
+    for run in 0..runs {
+        let dir = tempfile::tempdir().unwrap();
+        let name = job_name(&format!("scancel{run}"));
+        let mut cmd = srun(&name);
+        cmd.args(["--nproc-per-node", "2"]).arg(fixture("worker.py")).arg(dir.path()).arg("sleep");
+        let stderr = std::fs::File::create(dir.path().join("srun.err")).unwrap();
+        let mut step = Guard::spawn(cmd.stdout(Stdio::null()).stderr(stderr));
+        wait_ready(dir.path(), 4);
+        scancel(&[&job_id(&name)]);
+        let status = step.wait_timeout(LONG).expect("srun ends after scancel");
+        let log = std::fs::read_to_string(dir.path().join("srun.err")).unwrap_or_default();
+        let exited = (0..2).filter(|t| log.contains(&format!("task {t}: Exited with exit code 143"))).count();
+        codes.push((status.code(), exited));
+        assert_eq!((status.code(), exited), (Some(143), 2), "run {run}: each agent exits 143: {log}");
+        assert_nothing_left(dir.path());
+    }
+    eprintln!("SCANCEL | {runs} runs | every agent 143: {} of {runs}", codes.iter().filter(|c| **c == (Some(143), 2)).count());
+}
+
 /// `sbatch --signal=B:USR1@T` warns the batch shell alone: a listed SIGUSR1 is forwarded, once, and the
 /// workers go on until `scancel`.
 #[test]

@@ -352,6 +352,17 @@ def cmd_stop_all(args):
     save(args.dir, cluster)
 
 
+def cmd_freeze(args):
+    """SIGSTOPs every live member (a process stalled on its disk, say): its kernel still accepts connections."""
+    for m in load(args.dir)["members"]:
+        signal_member(m, signal.SIGSTOP)
+
+
+def cmd_thaw(args):
+    for m in load(args.dir)["members"]:
+        signal_member(m, signal.SIGCONT)
+
+
 def cmd_start_all(args):
     cluster = load(args.dir)
     for m in cluster["members"]:
@@ -392,7 +403,7 @@ def parse(argv):
     start.add_argument("--etcd", default="etcd", help="the etcd binary (default: etcd on PATH)")
     start.add_argument("--tls", action="store_true")
     start.add_argument("--owner", type=int, default=None, help="stop the cluster once this PID is gone")
-    for name in ("leader", "kill", "stop-all", "start-all", "stop", "watch"):
+    for name in ("leader", "kill", "stop-all", "start-all", "stop", "watch", "freeze", "thaw"):
         sub.add_parser(name)
     sub.choices["kill"].add_argument("--member", required=True)
     sub.choices["watch"].add_argument("--owner", type=int, required=True)
@@ -412,7 +423,7 @@ def parse(argv):
 
 
 COMMANDS = {"start": cmd_start, "leader": cmd_leader, "kill": cmd_kill, "stop-all": cmd_stop_all,
-            "start-all": cmd_start_all, "stop": cmd_stop, "watch": cmd_watch}
+            "start-all": cmd_start_all, "stop": cmd_stop, "watch": cmd_watch, "freeze": cmd_freeze, "thaw": cmd_thaw}
 
 
 def main(argv):

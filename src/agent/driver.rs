@@ -32,6 +32,15 @@ use crate::supervisor::{Watch, WorkerGroup};
 /// back-off) could outlast it.
 const SHORT_WINDOW: Duration = Duration::from_secs(10);
 
+/// How long a restart after a worker failure on a GPU node waits for the GPU fault that may follow the
+/// death (the driver reports an XID tens of milliseconds after the process it killed is gone).
+const FAULT_SETTLE: Duration = Duration::from_millis(250);
+
+/// How long a worker's death by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) waits for the agent's own
+/// signal before it counts as a failure: `scancel` and container runtimes signal every process at once,
+/// and the workers may die before the agent handles its copy.
+const SIGNAL_HOLD: Duration = Duration::from_secs(1);
+
 /// How long the `--on-node-fault` hook may run.
 const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -343,7 +352,12 @@ impl Work {
     async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
         match op {
             Op::Join => self.join(nproc, restart_count).await,
-            Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
+            Op::Start { nproc, excluded, settle } => {
+                if settle {
+                    tokio::time::sleep(FAULT_SETTLE).await;
+                }
+                self.start(nproc, excluded, restart_count).await
+            }
             Op::Watch => self.watch().await,
             Op::Stop(sig, grace) => self.stop(sig, grace).await,
             Op::Reform { open } => self.reform(open).await,
@@ -394,7 +408,14 @@ impl Work {
         tokio::select! {
             outcome = group.watch(&mut self.spares) => match outcome {
                 Watch::Succeeded => Input::Succeeded,
-                Watch::Failed(failure) => Input::WorkerFailed(failure),
+                Watch::Failed(failure) => {
+                    if failure.stop_signal() {
+                        // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
+                        tokio::time::sleep(SIGNAL_HOLD).await;
+                    }
+                    let change = self.rendezvous.change_behind_failure().await;
+                    Input::WorkerFailed { failure, change }
+                }
             },
             event = self.rendezvous.next_event() => match event {
                 Ok(event) => {

@@ -148,8 +148,9 @@ pub enum Input {
     StartLost(Fault),
     /// Running: every worker exited 0.
     Succeeded,
-    /// Running: a worker exited non-zero.
-    WorkerFailed(ProcessFailure),
+    /// Running: a worker exited non-zero; `change`: the membership change found behind it (the round moved
+    /// on, a neighbour is gone, the store is out of reach), if any.
+    WorkerFailed { failure: ProcessFailure, change: Option<RdzvEvent> },
     /// Running: the membership changed.
     Membership(RdzvEvent),
     /// Stopping: every worker is gone; the failures seen meanwhile.
@@ -175,7 +176,7 @@ impl Input {
             Input::Started { .. } => "started",
             Input::StartLost(_) => "start_lost",
             Input::Succeeded => "succeeded",
-            Input::WorkerFailed(_) => "worker_failed",
+            Input::WorkerFailed { .. } => "worker_failed",
             Input::Membership(_) => "membership",
             Input::Stopped(_) => "stopped",
             Input::Reformed => "reformed",
@@ -192,7 +193,10 @@ pub enum Op {
     /// Join with `State::nproc()` workers as it is when the join starts: a GPU excluded meanwhile lets the
     /// join finish (dropping it halfway would leave this node's record in the round) and re-forms after.
     Join,
-    Start { nproc: u32, excluded: BTreeSet<u32> },
+    /// `settle`: the start follows a worker failure on a GPU node; it waits a moment first, so that the GPU
+    /// fault behind the death (the driver's XID often comes just after it) is met before a new worker
+    /// starts: a restart-class XID joins the incident, a drain-class one drains with no worker started.
+    Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
     Watch,
     Stop(Signal, Grace),
     Reform { open: bool },
@@ -299,7 +303,11 @@ impl State {
     pub fn op(&self) -> Op {
         match &self.phase {
             Phase::Joining => Op::Join,
-            Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
+            Phase::Starting => Op::Start {
+                nproc: self.nproc(),
+                excluded: self.excluded.clone(),
+                settle: self.spent_by_last_stop && !self.job.gpus.is_empty(),
+            },
             Phase::Running => Op::Watch,
             Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
             Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
@@ -373,7 +381,7 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
             Phase::Running
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
-        (Phase::Running, Input::WorkerFailed(f)) => super::worker::on_worker_failed(f),
+        (Phase::Running, Input::WorkerFailed { failure, change }) => super::worker::on_worker_failed(failure, change),
         (Phase::Reforming { .. }, Input::Reformed) => Phase::Joining,
         (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),
         (Phase::Finishing(end), Input::Finished) => Phase::Done(end),

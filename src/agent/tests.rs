@@ -58,7 +58,7 @@ fn inputs() -> Vec<(&'static str, Input)> {
         ("started", Input::Started { gpus: Some((0..4).collect()) }),
         ("start-lost", Input::StartLost(fault(3, FaultKind::Lost, Action::Drain))),
         ("succeeded", Input::Succeeded),
-        ("worker-failed", Input::WorkerFailed(failure(1))),
+        ("worker-failed", Input::WorkerFailed { failure: failure(1), change: None }),
         ("membership", Input::Membership(RdzvEvent::JoinersWaiting)),
         ("stopped", Input::Stopped(vec![failure(2)])),
         ("reformed", Input::Reformed),
@@ -234,7 +234,7 @@ fn xid13_with_its_workers_crash_spends_one_restart() {
         let mut state = State::new(job());
         state.phase = Phase::Running;
         let xid = || Input::Fault(fault(1, FaultKind::Xid(Some(13)), Action::Restart));
-        let mut inputs = vec![Input::WorkerFailed(failure(1))];
+        let mut inputs = vec![Input::WorkerFailed { failure: failure(1), change: None }];
         match late {
             0 => inputs.extend([xid(), Input::Stopped(vec![]), Input::Reformed]),
             1 => inputs.extend([Input::Stopped(vec![]), xid(), Input::Reformed]),
@@ -286,7 +286,7 @@ fn xid79_after_its_worker_died_drains_in_every_phase_the_event_can_meet() {
     for after in ["stopping", "reforming", "joining", "starting"] {
         let mut state = State::new(job());
         state.phase = Phase::Running;
-        let mut inputs = vec![Input::WorkerFailed(failure(1))];
+        let mut inputs = vec![Input::WorkerFailed { failure: failure(1), change: None }];
         let tail: &[fn() -> Input] = match after {
             "stopping" => &[],
             "reforming" => &[|| Input::Stopped(vec![])],
@@ -327,7 +327,7 @@ fn restarts_are_spent_until_none_is_left() {
     let mut state = State::new(Job { max_restarts: 1, ..job() });
     for _ in 0..2 {
         state.phase = Phase::Running;
-        run(&mut state, vec![Input::WorkerFailed(failure(0)), Input::Stopped(vec![failure(1)])]);
+        run(&mut state, vec![Input::WorkerFailed { failure: failure(0), change: None }, Input::Stopped(vec![failure(1)])]);
     }
     let Phase::Finishing(End::Failed(failures)) = &state.phase else { panic!("{:?}", state.phase) };
     assert_eq!(failures.len(), 2, "the failures seen while stopping join the summary");
@@ -336,6 +336,38 @@ fn restarts_are_spent_until_none_is_left() {
     let mut state = State::new(Job { max_restarts: 0, ..job() });
     state.phase = Phase::Running;
     run(&mut state, vec![Input::Membership(RdzvEvent::PeerLost("b".into())), Input::Stopped(vec![failure(0)])]);
+    assert!(matches!(state.phase, Phase::Reforming { open: true }));
+    assert_eq!(state.restart_count, 0);
+}
+
+#[test]
+fn a_worker_failure_behind_a_membership_change_spends_no_restart() {
+    // (the change found behind the failure, where the stopped group goes)
+    let table = [
+        (RdzvEvent::RoundChanged, false),
+        (RdzvEvent::PeerLost("b".into()), true),
+        (RdzvEvent::StoreOutage, true),
+    ];
+    for (change, open) in table {
+        let mut state = State::new(Job { max_restarts: 0, ..job() });
+        state.phase = Phase::Running;
+        let failed = Input::WorkerFailed { failure: failure(0), change: Some(change.clone()) };
+        run(&mut state, vec![failed]);
+        assert!(matches!(&state.phase, Phase::Stopping(Cause::Membership(e)) if *e == change), "{change:?}: {:?}", state.phase);
+        assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Membership));
+        run(&mut state, vec![Input::Stopped(vec![failure(1)])]);
+        assert!(matches!(state.phase, Phase::Reforming { open: o } if o == open), "{change:?}: {:?}", state.phase);
+        assert_eq!(state.restart_count, 0, "{change:?}");
+    }
+}
+
+#[test]
+fn a_fenced_node_stops_with_the_fence_grace_and_rejoins() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    run(&mut state, vec![Input::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) })]);
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Fenced));
+    run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Reforming { open: true }));
     assert_eq!(state.restart_count, 0);
 }
@@ -356,7 +388,7 @@ fn a_gpu_excluded_while_joining_lets_the_join_finish_then_reforms_and_refunds_th
     let mut state = State::new(job());
     state.phase = Phase::Running;
     // The worker on GPU 2 dies first (a restart is spent), its DBE arrives while the node rejoins.
-    run(&mut state, vec![Input::WorkerFailed(failure(2)), Input::Stopped(vec![]), Input::Reformed]);
+    run(&mut state, vec![Input::WorkerFailed { failure: failure(2), change: None }, Input::Stopped(vec![]), Input::Reformed]);
     assert_eq!(state.restart_count, 1);
     run(&mut state, vec![Input::Fault(fault(2, FaultKind::DoubleBitEcc, Action::Exclude))]);
     assert!(matches!(state.phase, Phase::Joining), "the join goes on: {:?}", state.phase);

@@ -7,11 +7,25 @@
 use super::peer::after_change;
 use super::state::{unexpected, Cause, End, Phase, State};
 use super::AgentError;
+use crate::rendezvous::RdzvEvent;
 use crate::supervisor::failure::ProcessFailure;
 
-/// A worker exited non-zero while the group ran.
-pub fn on_worker_failed(failure: ProcessFailure) -> Phase {
-    Phase::Stopping(Cause::Restart { failures: vec![failure], fault: None })
+/// A worker exited non-zero while the group ran. With a membership change behind it (the round moved on,
+/// a neighbour is gone, the store out of reach) the failure is that change's, not the worker's: no
+/// restart is spent.
+pub fn on_worker_failed(failure: ProcessFailure, change: Option<RdzvEvent>) -> Phase {
+    match change {
+        Some(event) => {
+            tracing::info!(
+                local_rank = failure.local_rank,
+                exitcode = failure.exitcode,
+                ?event,
+                "a worker failed during a membership change; re-forming (no restart spent)"
+            );
+            Phase::Stopping(Cause::Membership(event))
+        }
+        None => Phase::Stopping(Cause::Restart { failures: vec![failure], fault: None }),
+    }
 }
 
 /// The group is stopped; `later` are the failures seen while stopping.

@@ -115,7 +115,7 @@ impl Metrics {
         for cause in ["worker_failure", "gpu_fault"] {
             let _ = m.restarts.get_or_create(&label("cause", cause));
         }
-        for cause in ["peer_lost", "joiners", "round_changed", "closed", "gpu_excluded", "drained"] {
+        for cause in ["peer_lost", "joiners", "round_changed", "closed", "fenced", "store_outage", "gpu_excluded", "drained"] {
             let _ = m.membership.get_or_create(&label("cause", cause));
         }
         for cause in ["worker failure", "gpu fault", "membership change", "gpu excluded"] {

@@ -110,6 +110,7 @@ fn membership_cause(event: &RdzvEvent) -> &'static str {
         RdzvEvent::RoundChanged => "round_changed",
         RdzvEvent::Closed => "closed",
         RdzvEvent::Fenced { .. } => "fenced",
+        RdzvEvent::StoreOutage => "store_outage",
     }
 }
 
@@ -161,7 +162,7 @@ impl Observer {
         };
         if let Some(m) = &self.metrics {
             match input {
-                Input::WorkerFailed(f) => m.worker_exits(f.exitcode, 1),
+                Input::WorkerFailed { failure, .. } => m.worker_exits(failure.exitcode, 1),
                 Input::Stopped(failures) => failures.iter().for_each(|f| m.worker_exits(f.exitcode, 1)),
                 Input::Succeeded => m.worker_exits(0, u64::from(state.nproc())),
                 Input::Membership(event) | Input::JoinChanged(event) => m.membership(membership_cause(event)),

@@ -145,7 +145,8 @@ pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing
         }
         if !held && link.get().fence_at(&t) <= Instant::now() {
             held = true;
-            tracing::warn!(
+            // INFO: the store's client has said the outage already.
+            tracing::info!(
                 "the rendezvous store has not answered for {:?}, but its host is reachable (a stopped, \
                  overloaded or electing store): nobody can evict this node through it, so the workers keep running",
                 link.get().acked.elapsed()

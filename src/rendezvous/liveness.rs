@@ -181,6 +181,36 @@ impl<S: Store> Rendezvous<S> {
         }
     }
 
+    /// Whether a worker failure seen now belongs to a membership change rather than to the worker: this
+    /// node's link to the store is broken, the round moved on, or a ring neighbour is gone (its workers'
+    /// sockets closing can reach this node's workers before its liveness key's deletion reaches the agent).
+    /// Bounded by one round trip's bound; a store that does not answer in it counts as an outage.
+    pub async fn change_behind_failure(&mut self) -> Option<RdzvEvent> {
+        if let Some(event) = self.pending.take() {
+            return Some(event);
+        }
+        let current = self.current.clone()?;
+        let link = self.link.get();
+        if link.broken || link.acked.elapsed() > self.timing.probe_every + self.timing.request_bound {
+            return Some(RdzvEvent::StoreOutage);
+        }
+        let look = async {
+            if self.read_round().await?.1 > current.round {
+                return Ok(Some(RdzvEvent::RoundChanged));
+            }
+            for m in &current.neighbours {
+                if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
+                    return Ok(Some(RdzvEvent::PeerLost(m.id.clone())));
+                }
+            }
+            Ok::<_, RdzvError>(None)
+        };
+        match tokio::time::timeout(self.timing.request_bound, look).await {
+            Ok(Ok(found)) => found,
+            Ok(Err(_)) | Err(_) => Some(RdzvEvent::StoreOutage),
+        }
+    }
+
     /// A neighbour's liveness key is gone. Believed at once when this node's own link was sound for the
     /// whole window; otherwise the store itself was in trouble (an etcd that froze revokes every lease when
     /// it resumes), so the neighbour gets a window to register again before it is judged.

@@ -123,6 +123,9 @@ pub enum RdzvEvent {
     /// This node is cut off from the store (nothing acknowledged for `silent`, no network path): the
     /// others are about to evict it, so its workers must stop first (`fence.rs`).
     Fenced { silent: Duration },
+    /// A worker failed while this node's link to the store was broken: its peers may be re-forming where
+    /// this node cannot see, so the failure is not the worker's own.
+    StoreOutage,
 }
 
 /// What a node waiting for group rank 0's publication learns first.

@@ -22,6 +22,13 @@ pub struct ProcessFailure {
 }
 
 impl ProcessFailure {
+    /// Whether the worker was killed by a signal that stops a job (SIGTERM, SIGINT, SIGHUP, SIGQUIT): sent
+    /// to every process at once by a scheduler, not a crash of its own.
+    pub fn stop_signal(&self) -> bool {
+        use nix::sys::signal::Signal::{SIGHUP, SIGINT, SIGQUIT, SIGTERM};
+        [SIGTERM, SIGINT, SIGHUP, SIGQUIT].iter().any(|s| self.exitcode == -(*s as i32))
+    }
+
     /// Builds the failure record, reading the worker's error file if it wrote one.
     pub fn new(local_rank: u32, global_rank: u32, pid: i32, exitcode: i32, error_file: Option<&Path>, now: i64) -> Self {
         let data = error_file.and_then(|p| std::fs::read(p).ok()).and_then(|b| serde_json::from_slice::<Value>(&b).ok());

@@ -167,6 +167,16 @@ impl EtcdCluster {
         self.expect_ok(&["stop-all"]);
     }
 
+    /// SIGSTOPs every live member (`thaw_all` resumes them): the processes answer nothing, their kernels
+    /// still complete TCP handshakes.
+    pub fn freeze_all(&self) {
+        self.expect_ok(&["freeze"]);
+    }
+
+    pub fn thaw_all(&self) {
+        self.expect_ok(&["thaw"]);
+    }
+
     /// Starts every member that is not running, on its old ports and data, and waits until healthy.
     pub fn start_all(&self) {
         self.expect_ok(&["start-all"]);
