@@ -34,28 +34,28 @@ pub fn doctor_main(args: &[String]) -> i32 {
     let policy = match Policy::parse(&args.on_gpu_fault, &args.xid_policy) {
         Ok(p) => p,
         Err(e) => {
-            eprintln!("muster doctor: error: {e}");
+            crate::errln!("muster doctor: error: {e}");
             return 2;
         }
     };
     let nvml = match crate::gpu::nvml() {
         Ok(n) => n,
         Err(e) => {
-            println!("driver: none ({e})");
-            println!("verdict: UNUSABLE for GPU jobs (no NVIDIA driver)");
+            crate::outln!("driver: none ({e})");
+            crate::outln!("verdict: UNUSABLE for GPU jobs (no NVIDIA driver)");
             return 1;
         }
     };
-    println!("driver: {}", nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})")));
+    crate::outln!("driver: {}", nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})")));
     let gpus = match crate::gpu::inventory(nvml) {
         Ok(g) => g,
         Err(e) => {
-            println!("verdict: UNUSABLE (cannot read the GPU inventory: {e})");
+            crate::outln!("verdict: UNUSABLE (cannot read the GPU inventory: {e})");
             return 1;
         }
     };
-    println!("gpus: {}", gpus.len());
-    println!("{:<5} {:<42} {:<18} {:<28} {:>9} {:>10} {:>9}", "index", "uuid", "pci", "name", "memory", "ecc_uncorr", "processes");
+    crate::outln!("gpus: {}", gpus.len());
+    crate::outln!("{:<5} {:<42} {:<18} {:<28} {:>9} {:>10} {:>9}", "index", "uuid", "pci", "name", "memory", "ecc_uncorr", "processes");
     let mut problems = Vec::new();
     for g in &gpus {
         let device = nvml.device_by_index(g.index);
@@ -65,7 +65,7 @@ pub fn doctor_main(args: &[String]) -> i32 {
             .and_then(|d| d.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile).ok());
         let procs = device.as_ref().ok().and_then(|d| d.running_compute_processes().ok()).map(|p| p.len());
         let show = |v: Option<usize>| v.map(|n| n.to_string()).unwrap_or_else(|| "n/a".into());
-        println!(
+        crate::outln!(
             "{:<5} {:<42} {:<18} {:<28} {:>8}M {:>10} {:>9}",
             g.index,
             g.uuid,
@@ -79,12 +79,12 @@ pub fn doctor_main(args: &[String]) -> i32 {
             problems.push(format!("GPU {} has {} uncorrected ECC error(s)", g.index, ecc.unwrap_or(0)));
         }
     }
-    println!("policy: {}", policy.describe());
-    println!("listening for GPU faults for {} s ...", args.listen);
+    crate::outln!("policy: {}", policy.describe());
+    crate::outln!("listening for GPU faults for {} s ...", args.listen);
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("muster doctor: cannot start the async runtime: {e}");
+            crate::errln!("muster doctor: cannot start the async runtime: {e}");
             return 1;
         }
     };
@@ -98,16 +98,16 @@ pub fn doctor_main(args: &[String]) -> i32 {
         seen
     });
     for f in &faults {
-        println!("fault: GPU {} ({}): {} -> {}", f.gpu.index, f.gpu.uuid, f.kind, f.action.as_str());
+        crate::outln!("fault: GPU {} ({}): {} -> {}", f.gpu.index, f.gpu.uuid, f.kind, f.action.as_str());
         if matches!(f.action, Action::Drain | Action::Exclude) {
             problems.push(format!("GPU {}: {} ({})", f.gpu.index, f.kind, f.action.as_str()));
         }
     }
     if problems.is_empty() {
-        println!("verdict: OK");
+        crate::outln!("verdict: OK");
         0
     } else {
-        println!("verdict: UNHEALTHY: {}", problems.join("; "));
+        crate::outln!("verdict: UNHEALTHY: {}", problems.join("; "));
         1
     }
 }

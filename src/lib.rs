@@ -6,6 +6,7 @@ pub mod agent;
 pub mod bench;
 pub mod cli;
 pub mod config;
+pub mod console;
 pub mod context;
 pub mod doctor;
 pub mod exit;

@@ -17,7 +17,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = match std::env::args_os().map(|a| a.into_string()).collect() {
         Ok(args) => args,
         Err(bad) => {
-            eprintln!("muster: error: argument {:?} is not valid UTF-8; muster takes UTF-8 arguments only", bad);
+            muster::errln!("muster: error: argument {:?} is not valid UTF-8; muster takes UTF-8 arguments only", bad);
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -33,12 +33,12 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(e) => {
-            eprintln!("muster: error: {}", cli::one_line(&e));
+            muster::errln!("muster: error: {}", cli::one_line(&e));
             return ExitCode::from(exit::USAGE);
         }
     };
     if let Some(shell) = &cli.print_completion {
-        print!("{}", cli::completion_script(shell));
+        muster::out!("{}", cli::completion_script(shell));
         return ExitCode::SUCCESS;
     }
     // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
@@ -46,11 +46,11 @@ fn main() -> ExitCode {
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),
         Err(e @ GuardError::BadSetting(_)) => {
-            eprintln!("muster: error: {e}");
+            muster::errln!("muster: error: {e}");
             return ExitCode::from(exit::USAGE);
         }
         Err(e) => {
-            eprintln!("muster: error: {e}");
+            muster::errln!("muster: error: {e}");
             return ExitCode::from(exit::FAILED);
         }
     };
@@ -66,7 +66,7 @@ fn main() -> ExitCode {
     let cfg = match LaunchConfig::from_cli(&cli, &host) {
         Ok(cfg) => cfg,
         Err(e) => {
-            eprintln!("muster: error: {e}");
+            muster::errln!("muster: error: {e}");
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -75,7 +75,7 @@ fn main() -> ExitCode {
     let gpu_job = match cfg.placement(cfg.nproc_per_node, &Default::default()) {
         Ok(plan) => plan.is_some(),
         Err(e) => {
-            eprintln!("muster: error: {e}");
+            muster::errln!("muster: error: {e}");
             return ExitCode::from(exit::USAGE);
         }
     };
@@ -83,14 +83,16 @@ fn main() -> ExitCode {
     let sinks = match muster::observe::open(&cfg.observe, &cfg.run_id, cfg.max_restarts) {
         Ok(sinks) => sinks,
         Err(e) => {
-            eprintln!("muster: error: {e}");
+            muster::errln!("muster: error: {e}");
             return ExitCode::from(2);
         }
     };
+    // From here on a failed write to the console is said once, in the agent's log and the event log.
+    sinks.events.record_console_loss(&cfg.run_id);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("muster: error: cannot start the async runtime: {e}");
+            muster::errln!("muster: error: cannot start the async runtime: {e}");
             return ExitCode::from(exit::FAILED);
         }
     };
@@ -103,7 +105,7 @@ fn main() -> ExitCode {
     muster::supervisor::logs::flush_console();
     match &outcome {
         Ok(Outcome::Succeeded | Outcome::Interrupted(_)) => {}
-        Ok(Outcome::Drained(fault)) => eprintln!(
+        Ok(Outcome::Drained(fault)) => muster::errln!(
             "muster: node drained: {} on GPU {} ({}, {}); exiting with {} (node unhealthy)",
             fault.kind,
             fault.gpu.index,
@@ -112,16 +114,16 @@ fn main() -> ExitCode {
             exit::NODE_UNHEALTHY
         ),
         Ok(Outcome::Failed { name, failures }) => {
-            eprintln!("{}", failure::summary(name, failures, &muster::host::fqdn()));
+            muster::errln!("{}", failure::summary(name, failures, &muster::host::fqdn()));
             if let (Some(root), Some(dest)) =
                 (failure::root_cause(failures), std::env::var_os("TORCHELASTIC_ERROR_FILE"))
             {
                 if let Err(e) = failure::copy_to_agent_error_file(root, std::path::Path::new(&dest)) {
-                    eprintln!("muster: cannot write TORCHELASTIC_ERROR_FILE {}: {e}", dest.to_string_lossy());
+                    muster::errln!("muster: cannot write TORCHELASTIC_ERROR_FILE {}: {e}", dest.to_string_lossy());
                 }
             }
         }
-        Err(e) => eprintln!("muster: error: {e}"),
+        Err(e) => muster::errln!("muster: error: {e}"),
     }
     ExitCode::from(exit::of_outcome(&outcome))
 }

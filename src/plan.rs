@@ -46,7 +46,7 @@ pub fn plan_main(args: &[String]) -> i32 {
         Some(s) => match s.parse::<u32>() {
             Ok(n) if n > 0 => Nproc::Exactly(n),
             _ => {
-                eprintln!("muster plan: error: invalid value '{s}' for '--nproc-per-node': use an integer > 0, gpu or auto");
+                crate::errln!("muster plan: error: invalid value '{s}' for '--nproc-per-node': use an integer > 0, gpu or auto");
                 return 2;
             }
         },
@@ -54,7 +54,7 @@ pub fn plan_main(args: &[String]) -> i32 {
     let numa = match args.numa_binding.as_deref().map(str::parse::<NumaMode>).transpose() {
         Ok(m) => m,
         Err(e) => {
-            eprintln!("muster plan: error: {e}");
+            crate::errln!("muster plan: error: {e}");
             return 2;
         }
     };
@@ -62,7 +62,7 @@ pub fn plan_main(args: &[String]) -> i32 {
     let context = match crate::context::detect(&|k| std::env::var(k).ok()) {
         Ok(c) => c.map(|c| c.to_string()),
         Err(e) => {
-            eprintln!("muster plan: error: {e}");
+            crate::errln!("muster plan: error: {e}");
             return 2;
         }
     };
@@ -71,21 +71,21 @@ pub fn plan_main(args: &[String]) -> i32 {
         Ok(Placed::Gpus(p)) => p,
         Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason, context),
         Err(e @ (PlacementError::GpuLost(_) | PlacementError::System(_))) => {
-            eprintln!("muster plan: error: {e}");
+            crate::errln!("muster plan: error: {e}");
             return 1;
         }
         Err(PlacementError::Input(msg)) => {
-            eprintln!("muster plan: error: {msg}");
+            crate::errln!("muster plan: error: {msg}");
             return 2;
         }
     };
     for w in &planned.selection.warnings {
-        eprintln!("muster plan: warning: {w}");
+        crate::errln!("muster plan: warning: {w}");
     }
     if args.format == "json" {
         return print_json(&planned.plan, context);
     }
-    print!("{}{}", context_line(context), table(&planned));
+    crate::out!("{}{}", context_line(context), table(&planned));
     0
 }
 
@@ -104,11 +104,11 @@ fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
     });
     match value.and_then(|v| serde_json::to_string_pretty(&v)) {
         Ok(text) => {
-            println!("{text}");
+            crate::outln!("{text}");
             0
         }
         Err(e) => {
-            eprintln!("muster plan: error: cannot encode the plan: {e}");
+            crate::errln!("muster plan: error: cannot encode the plan: {e}");
             1
         }
     }
@@ -119,14 +119,14 @@ fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
 /// (the launcher's default), and `gpu` is an error.
 fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> i32 {
     if args.numa_binding.is_some() || args.gpus.is_some() {
-        eprintln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
+        crate::errln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
         return 2;
     }
     let cpus = placement::own_cpus();
     let n = match (nproc, args.nproc_per_node.as_deref().map(str::trim)) {
         (Nproc::Exactly(n), _) => n,
         (Nproc::AllUsable, Some("gpu")) => {
-            eprintln!("muster plan: error: '--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto");
+            crate::errln!("muster plan: error: '--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto");
             return 2;
         }
         (Nproc::AllUsable, Some(_)) => cpus.as_ref().map_or(1, |c| u32::try_from(c.len()).unwrap_or(u32::MAX)),
@@ -152,7 +152,7 @@ fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&st
     for r in 0..n {
         out.push_str(&row([&r.to_string(), "-", "-", "-", "-", "-", &cpus, "-"]));
     }
-    print!("{out}");
+    crate::out!("{out}");
     0
 }
 

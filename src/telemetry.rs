@@ -4,7 +4,9 @@
 //! `LOGLEVEL` (DEBUG, INFO, WARNING, ERROR), else INFO — one level above torchrun's default WARNING so the
 //! startup banner and recovery timings are visible. `--log-format json` makes each line a JSON object whose
 //! `span` carries the run id, round, group rank and restart count, the identifiers the event log and the
-//! metrics' labels use (the events themselves are `observe::events`).
+//! metrics' labels use (the events themselves are `observe::events`). Lines are written through
+//! `console::ErrWriter`: tracing-subscriber's own writer would `eprintln!` a failed write, and panic on a
+//! stderr that is gone.
 
 use std::io::IsTerminal;
 use std::sync::OnceLock;
@@ -55,7 +57,7 @@ pub fn init_with(default: &str) {
 
 fn init_format(default: &str, format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false);
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| crate::console::ErrWriter).with_target(false);
     let _ = match format {
         LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).try_init(),
         LogFormat::Json => builder.json().with_current_span(true).with_span_list(false).try_init(),

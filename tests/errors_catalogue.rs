@@ -1,9 +1,10 @@
 //! Every message muster can print to a user is in `docs/errors.md`, with its cause and fix.
 //!
 //! The test reads `src/**/*.rs` (test code left out) and collects the message literals: `#[error("...")]`,
-//! `eprintln!`, `bail!`, `anyhow!`, `warn!` and `error!`, the config's `bad(...)`, the text given to an error
-//! variant (`SomeError::Variant("..."` or `(format!("..."`) and `reason: "..."`. Each must appear on one line
-//! of the catalogue: its `{...}` placeholders match anything, its literal pieces must be there in order.
+//! `eprintln!`, `errln!` (muster's own, `console.rs`), `bail!`, `anyhow!`, `warn!` and `error!`, the config's
+//! `bad(...)`, the text given to an error variant (`SomeError::Variant("..."` or `(format!("..."`) and
+//! `reason: "..."`. Each must appear on one line of the catalogue: its `{...}` placeholders match anything,
+//! its literal pieces must be there in order.
 
 use std::path::{Path, PathBuf};
 
@@ -197,7 +198,7 @@ struct Message {
     text: String,
 }
 
-const MACROS: &[&str] = &["eprintln", "bail", "anyhow", "warn", "error"];
+const MACROS: &[&str] = &["eprintln", "errln", "bail", "anyhow", "warn", "error"];
 
 /// The message literals of one source file.
 fn messages(file: &Path, src: &str) -> Vec<Message> {
@@ -344,6 +345,32 @@ fn every_message_in_the_code_is_in_docs_errors_md() {
     );
 }
 
+/// `print!`, `println!`, `eprint!` and `eprintln!` panic when the console is gone (a hung-up terminal, a
+/// closed pipe), which would cost the agent its stop and its exit code; muster writes through `console.rs`.
+#[test]
+fn the_code_writes_to_stdout_and_stderr_only_through_console_rs() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut files = Vec::new();
+    sources(&root.join("src"), &mut files);
+    let mut found = Vec::new();
+    for file in files.iter().filter(|f| !f.to_string_lossy().ends_with("_tests.rs")) {
+        let src = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("cannot read {}: {e}", file.display()));
+        let toks = without_test_code(lex(&src));
+        for pair in toks.windows(2) {
+            if let [(Tok::Word(w), line), (Tok::Punct('!'), _)] = pair {
+                if ["print", "println", "eprint", "eprintln"].contains(&w.as_str()) {
+                    found.push(format!("  {}:{line}: {w}!", file.strip_prefix(root).unwrap_or(file).display()));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "use crate::outln!/out!/errln! (src/console.rs), which never panic, instead of:\n{}",
+        found.join("\n")
+    );
+}
+
 #[test]
 fn the_scanner_reads_multi_line_literals_and_skips_test_code() {
     let src = concat!(
@@ -358,6 +385,7 @@ fn the_scanner_reads_multi_line_literals_and_skips_test_code() {
         "fn f(c: char) -> Result<(), ConfigError> {\n",
         "    let _ = '\"'; let _: &'static str = \"\";\n",
         "    tracing::warn!(pid = 3, \"a {{literal}} brace\nand a line break\");\n",
+        "    crate::errln!(\"muster: {c} lost\");\n",
         "    Err(bad(format!(\"config {c}\")))\n",
         "}\n",
         "#[cfg(test)]\n",
@@ -365,7 +393,7 @@ fn the_scanner_reads_multi_line_literals_and_skips_test_code() {
         "// eprintln!(\"commented out\");\n",
     );
     let texts: Vec<String> = messages(Path::new("x.rs"), src).into_iter().map(|m| m.text).collect();
-    assert_eq!(texts, ["first {x} part, continued", "raw \"{0}\" text", "a {{literal}} brace\nand a line break", "config {c}"]);
+    assert_eq!(texts, ["first {x} part, continued", "raw \"{0}\" text", "a {{literal}} brace\nand a line break", "muster: {c} lost", "config {c}"]);
     assert_eq!(pieces("first {x} part, continued"), ["first", "part, continued"]);
     assert_eq!(pieces("a {{literal}} brace\nand  {0:?}"), ["a {literal} brace and"]);
     let doc = vec![collapse("- `first <x> part, continued`: ..."), collapse("`a {literal} brace and`")];

@@ -190,7 +190,7 @@ fn an_etcd_outage_leaves_training_running_and_a_peer_lost_meanwhile_is_handled_a
 fn a_frozen_etcd_restarts_no_worker() {
     let etcd = EtcdCluster::start(3, false);
     let job = Job::new(&etcd);
-    let mut agents: Vec<Agent> = ["a", "b"].iter().map(|n| job.worker_agent(n, "2", "")).collect();
+    let mut agents: Vec<Agent> = ["a", "b"].iter().map(|n| job.worker_agent(n, "2", "last_call_timeout=1")).collect();
     let world = world_of(&job, 4, 4, &agents.iter().collect::<Vec<_>>());
     etcd.freeze_all();
     // The freeze itself: a length of time is the scenario.
@@ -219,7 +219,7 @@ fn the_etcd_leader_killed_20_times_evicts_no_healthy_node() {
     let kills: usize = std::env::var("MUSTER_LEADER_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
     let etcd = EtcdCluster::start(3, false);
     let job = Job::new(&etcd);
-    let mut agents: Vec<Agent> = ["a", "b", "c"].iter().map(|n| job.worker_agent(n, "3", "")).collect();
+    let mut agents: Vec<Agent> = ["a", "b", "c"].iter().map(|n| job.worker_agent(n, "3", "last_call_timeout=1")).collect();
     let world = world_of(&job, 6, 6, &agents.iter().collect::<Vec<_>>());
     for _ in 0..kills {
         let leader = etcd.wait_leader(LONG);

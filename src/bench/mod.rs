@@ -136,11 +136,11 @@ pub fn bench_main(args: &[String]) -> i32 {
             Ok(report) => {
                 if args.json {
                     match serde_json::to_string(&report) {
-                        Ok(line) => println!("{line}"),
-                        Err(e) => eprintln!("muster bench: cannot encode the report: {e}"),
+                        Ok(line) => crate::outln!("{line}"),
+                        Err(e) => crate::errln!("muster bench: cannot encode the report: {e}"),
                     }
                 } else {
-                    println!("{}", report.summary());
+                    crate::outln!("{}", report.summary());
                 }
                 if report.problems.is_empty() {
                     0
@@ -149,11 +149,11 @@ pub fn bench_main(args: &[String]) -> i32 {
                 }
             }
             Err(e @ BenchError::Usage(_)) => {
-                eprintln!("muster bench: error: {e}");
+                crate::errln!("muster bench: error: {e}");
                 2
             }
             Err(e) => {
-                eprintln!("muster bench rendezvous: {e}");
+                crate::errln!("muster bench rendezvous: {e}");
                 1
             }
         },

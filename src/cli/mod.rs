@@ -313,7 +313,7 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
 pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32> {
     T::try_parse_from(std::iter::once(format!("muster {name}")).chain(args.iter().cloned())).map_err(|e| {
         if e.use_stderr() {
-            eprintln!("muster {name}: error: {}", one_line(&e));
+            crate::errln!("muster {name}: error: {}", one_line(&e));
             2
         } else {
             let _ = e.print();

@@ -57,7 +57,7 @@ impl EventLog {
         }
         tracing::debug!(event = %event, "event");
         if self.console {
-            eprintln!("{event}");
+            crate::console::line(crate::console::Stream::Err, format_args!("{event}"));
         }
         if let Some(writer) = self.file.as_ref().and_then(|f| f.lock().ok()) {
             if let Some(w) = writer.as_ref() {
@@ -65,6 +65,19 @@ impl EventLog {
                 let _ = w.lines.send(event.to_string());
             }
         }
+    }
+
+    /// Makes the first failed write to the agent's stdout and to its stderr (a hung-up terminal, a closed
+    /// pipe) an event, `muster.agent.console_lost`, so the file says why the console stopped where it did;
+    /// a lost stdout is also said on stderr. A lost stderr is not logged: the log goes there.
+    pub fn record_console_loss(&self, run_id: &str) {
+        let (log, run_id) = (self.clone(), run_id.to_string());
+        crate::console::on_lost(move |stream, e| {
+            if stream == crate::console::Stream::Out {
+                tracing::warn!("the agent's stdout is gone ({e}); what the agent writes there is dropped from now on");
+            }
+            log.emit("muster.agent.console_lost", json!({ "run_id": run_id, "stream": stream.name(), "error": e.to_string() }));
+        });
     }
 
     /// Writes what is queued and closes the file (later events go to the console only).

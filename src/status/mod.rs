@@ -142,14 +142,14 @@ pub fn status_main(args: &[String]) -> i32 {
     let target = match target(&args, &|name| std::env::var(name).ok()) {
         Ok(t) => t,
         Err(e) => {
-            eprintln!("muster status: error: {e}");
+            crate::errln!("muster status: error: {e}");
             return 2;
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
-            eprintln!("muster status: cannot start the async runtime: {e}");
+            crate::errln!("muster status: cannot start the async runtime: {e}");
             return 1;
         }
     };
@@ -157,7 +157,7 @@ pub fn status_main(args: &[String]) -> i32 {
     match runtime.block_on(connect_and_show(&target)) {
         Ok(snapshot) => print_snapshot(&snapshot, json),
         Err(e) => {
-            eprintln!("muster status: error: {e}");
+            crate::errln!("muster status: error: {e}");
             e.exit_code()
         }
     }
@@ -165,16 +165,16 @@ pub fn status_main(args: &[String]) -> i32 {
 
 fn print_snapshot(snapshot: &Snapshot, json: bool) -> i32 {
     if !json {
-        print!("{}", snapshot.table());
+        crate::out!("{}", snapshot.table());
         return 0;
     }
     match snapshot.json() {
         Ok(text) => {
-            println!("{text}");
+            crate::outln!("{text}");
             0
         }
         Err(e) => {
-            eprintln!("muster status: cannot encode the status as JSON: {e}");
+            crate::errln!("muster status: cannot encode the status as JSON: {e}");
             1
         }
     }

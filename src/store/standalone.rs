@@ -100,7 +100,7 @@ pub fn store_main(args: &[String]) -> i32 {
     let config = match config {
         Ok(config) => config,
         Err(e) => {
-            eprintln!("muster store: error: {e}");
+            crate::errln!("muster store: error: {e}");
             return 2;
         }
     };
@@ -112,14 +112,14 @@ pub fn store_main(args: &[String]) -> i32 {
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("muster store: cannot start the async runtime: {err}");
+            crate::errln!("muster store: cannot start the async runtime: {err}");
             return 1;
         }
     };
     match runtime.block_on(run_standalone(&args.host, args.port, config)) {
         Ok(()) => 0,
         Err(err) => {
-            eprintln!("muster store: {err}");
+            crate::errln!("muster store: {err}");
             1
         }
     }
@@ -132,7 +132,7 @@ pub async fn run_standalone(host: &str, port: u16, config: ServerConfig) -> Resu
     let mut terminate =
         signal(SignalKind::terminate()).map_err(|source| StoreError::Bind { addr, source })?;
     let server = Server::bind(addr, config).await?;
-    println!("muster store listening on {}", server.local_addr());
+    crate::outln!("muster store listening on {}", server.local_addr());
     tokio::select! {
         _ = terminate.recv() => {}
         _ = tokio::signal::ctrl_c() => {}

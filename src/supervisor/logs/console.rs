@@ -12,7 +12,6 @@
 //! At exit the agent gives the console a bounded time to take what is still queued (`flush`).
 
 use std::collections::VecDeque;
-use std::io::Write;
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -147,11 +146,9 @@ impl Console {
                 q.take(&mut batch);
                 q.writing = true;
             }
-            // A console that is gone (EPIPE) loses its lines; the log files have them.
-            let _ = match stream {
-                Stream::Out => write_batch(std::io::stdout().lock(), &batch),
-                Stream::Err => write_batch(std::io::stderr().lock(), &batch),
-            };
+            // A console that is gone (EPIPE, a hung-up terminal's EIO) loses its lines; the log files have
+            // them. crate::console notes it once and skips the writes from then on.
+            crate::console::write(agent_stream(stream), &batch);
             self.lock().writing = false;
             self.written.notify_all();
         }
@@ -192,9 +189,11 @@ impl Queue {
     }
 }
 
-fn write_batch(mut to: impl Write, batch: &[u8]) -> std::io::Result<()> {
-    to.write_all(batch)?;
-    to.flush()
+fn agent_stream(stream: Stream) -> crate::console::Stream {
+    match stream {
+        Stream::Out => crate::console::Stream::Out,
+        Stream::Err => crate::console::Stream::Err,
+    }
 }
 
 /// One rank's stream feeding a console: its place in the queue and its count of dropped lines.
