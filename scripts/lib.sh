@@ -103,3 +103,13 @@ ensure_prometheus() {
     echo "muster: installing prometheus with apt-get (once)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 }
+
+# ensure_nftables: nft for tests/partition.rs, which cuts hosts in network namespaces with nftables rules
+# (iproute2's `ip` makes the namespaces; both need root).
+ensure_nftables() {
+    if command -v nft >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then
+        return
+    fi
+    echo "muster: installing nftables and iproute2 with apt-get (once)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null
+}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5), then builds,
+# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5, nftables), then builds,
 # lints and runs every test. Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,7 @@ SLURM_CONF=$(scripts/slurm/cluster.sh start "$slurm_dir")
 export SLURM_CONF
 
 ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
+ensure_nftables # tests/partition.rs cuts hosts in network namespaces with nftables (as root)
 
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.

@@ -75,9 +75,16 @@ impl Agent {
 
     pub fn start_with_env(node: &str, args: &[String], envs: &[(&str, String)]) -> Agent {
         let mut cmd = muster();
-        cmd.env("MUSTER_TEST_NODE", node).args(args).stdout(Stdio::null()).stderr(Stdio::piped());
+        cmd.env("MUSTER_TEST_NODE", node).args(args);
         cmd.envs(envs.iter().map(|(k, v)| (*k, v.as_str())));
-        let mut guard = Guard::spawn(&mut cmd);
+        Agent::spawn(&mut cmd)
+    }
+
+    /// An agent from a command line made elsewhere (in a network namespace, say): stdout dropped, stderr
+    /// collected.
+    pub fn spawn(cmd: &mut std::process::Command) -> Agent {
+        cmd.stdout(Stdio::null()).stderr(Stdio::piped());
+        let mut guard = Guard::spawn(cmd);
         let log = Arc::new(Mutex::new(String::new()));
         let stderr = guard.0.stderr.take().expect("stderr");
         let sink = log.clone();

@@ -4,6 +4,7 @@
 pub mod cluster;
 pub mod etcd;
 pub mod gpus;
+pub mod netns;
 
 #[path = "../../fake-nvml/tests/support/mod.rs"]
 pub mod fake_nvml;
