@@ -16,6 +16,26 @@ require_positive_ints() {
     done
 }
 
+# stress_args SCRIPT HELP_LINES DEFAULT_RUNS "$@": the stress scripts' command line, `[--runs N] [filter]`;
+# sets `runs` and `filter`, prints the script's header lines HELP_LINES (e.g. 2,8) for --help, exits 2 on
+# anything else.
+stress_args() {
+    local script="$1" help="$2"
+    runs="$3"
+    filter=""
+    shift 3
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --runs) runs="${2:-}"; shift 2 ;;
+            --runs=*) runs="${1#--runs=}"; shift ;;
+            -h | --help) sed -n "${help}p" "$script"; exit 0 ;;
+            -*) echo "$(basename "$script"): unknown option '$1'; use --runs N [filter]" >&2; exit 2 ;;
+            *) filter="$1"; shift ;;
+        esac
+    done
+    require_positive_ints runs
+}
+
 ensure_python() {
     if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
         return

@@ -7,18 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
-runs=20
-filter=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --runs) runs="${2:-}"; shift 2 ;;
-        --runs=*) runs="${1#--runs=}"; shift ;;
-        -h | --help) sed -n '2,5p' "$0"; exit 0 ;;
-        -*) echo "incidents.sh: unknown option '$1'; use --runs N [filter]" >&2; exit 2 ;;
-        *) filter="$1"; shift ;;
-    esac
-done
-require_positive_ints runs
+stress_args "scripts/stress/$(basename "$0")" 2,5 20 "$@"
 ensure_venv
 cargo build --quiet --workspace --tests
 mkdir -p target/stress

@@ -9,18 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
-runs=5
-filter=""
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --runs) runs="${2:-}"; shift 2 ;;
-        --runs=*) runs="${1#--runs=}"; shift ;;
-        -h | --help) sed -n '2,8p' "$0"; exit 0 ;;
-        -*) echo "partition.sh: unknown option '$1'; use --runs N [filter]" >&2; exit 2 ;;
-        *) filter="$1"; shift ;;
-    esac
-done
-require_positive_ints runs
+stress_args "scripts/stress/$(basename "$0")" 2,8 5 "$@"
 [ "$(id -u)" = 0 ] || { echo "partition.sh: must run as root (network namespaces and nftables)" >&2; exit 2; }
 ensure_venv
 ensure_etcd
