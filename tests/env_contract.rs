@@ -34,8 +34,17 @@ const DIFFERENT_BY_NATURE: &[&str] = &[
     "DUMP_DIR",                // where dump_argv.py writes, one directory per launch
 ];
 
+/// muster's own additions to the contract (README), which torchrun does not set.
+const MUSTER_ONLY: &[&str] = &["MUSTER_ROUND"];
+
 fn assert_same_env(what: &str, rank: usize, theirs: &Env, ours: &Env) {
-    let keys: std::collections::BTreeSet<&String> = theirs.keys().chain(ours.keys()).collect();
+    for k in MUSTER_ONLY {
+        assert!(theirs.get(*k).is_none(), "{what}: rank {rank}: torchrun set {k}");
+        let round = ours.get(*k).and_then(|v| v.parse::<u64>().ok());
+        assert!(round.is_some(), "{what}: rank {rank}: muster did not set {k} to a round number: {:?}", ours.get(*k));
+    }
+    let keys: std::collections::BTreeSet<&String> =
+        theirs.keys().chain(ours.keys()).filter(|k| !MUSTER_ONLY.contains(&k.as_str())).collect();
     for k in keys {
         if !DIFFERENT_BY_NATURE.contains(&k.as_str()) {
             assert_eq!(theirs.get(k), ours.get(k), "{what}: rank {rank}: {k} differs (torchrun vs muster)");
