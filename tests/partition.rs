@@ -1,8 +1,8 @@
 //! Network partitions between real hosts, simulated with network namespaces (tests/common/netns.rs): a host
-//! cut off silently (no FIN, no RST) as when it loses power or its switch port dies. What a user sees is
-//! asserted from the agents' `--event-log` files and what the workers (tests/fixtures/netns_worker.py)
-//! record, against the fencing behaviour of /work/notes/fence-spec.md and the README's "When a node is cut
-//! off" (I = keep_alive_interval, W = I × keep_alive_max_attempt):
+//! cut off silently (no FIN, no RST) as when it loses power or its switch port dies, or one that loses
+//! packets. What a user sees is asserted from the agents' `--event-log` files and what the workers
+//! (tests/fixtures/netns_worker.py) record, against the fencing behaviour of /work/notes/fence-spec.md and
+//! the README's "When a node is cut off" (I = keep_alive_interval, W = I × keep_alive_max_attempt):
 //!
 //! - the cut node fences at most W - min(I, W/2) after the cut, stops its workers (a transition to
 //!   "stopping" with reason "fenced") before the survivors start their new round, and exits 3 once the store
@@ -12,7 +12,8 @@
 //! - a cut node healed in time comes back as a newcomer, appended after the survivors;
 //! - the same for an inbound-only cut (the node still sends) and a link that goes down;
 //! - with an external store, never two RANK=0 workers at once; with etcd, the leader's host cut changes
-//!   nothing.
+//!   nothing;
+//! - 10% packet loss each way at the store's host for minutes, with the default keep-alive, evicts nobody.
 //!
 //! This file holds what every scenario shares (the one-at-a-time lock, the settings, the event logs, the
 //! /proc sampler, the report); `partition/job.rs` starts and reads a job, `partition/cut.rs` the
@@ -34,6 +35,8 @@ mod etcd;
 mod harness;
 #[path = "partition/job.rs"]
 mod job;
+#[path = "partition/loss.rs"]
+mod loss;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -54,6 +57,11 @@ const ETCD_PEER_PORT: u16 = 2380;
 fn serial() -> MutexGuard<'static, ()> {
     static SERIAL: Mutex<()> = Mutex::new(());
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A scenario begins: the lock held, and its report, written when the scenario ends (before the lock goes).
+fn scenario(name: &'static str) -> (MutexGuard<'static, ()>, Report) {
+    (serial(), Report::new(name))
 }
 
 fn epoch(t: SystemTime) -> f64 {
@@ -88,6 +96,10 @@ struct Timings {
 /// Fast settings: W = 3 s, the fence 2 s after the last acknowledged heartbeat was sent.
 const FAST: Timings =
     Timings { interval: 1, attempts: 3, keep_alive: true, read_timeout: Some(10), join_timeout: Some(30), last_call: 1 };
+
+/// The keep-alive a job gets when it names none (5 s × 3, W = 15 s), with read_timeout at its default.
+const DEFAULT_KEEP_ALIVE: Timings =
+    Timings { interval: 5, attempts: 3, keep_alive: false, read_timeout: None, join_timeout: Some(30), last_call: 1 };
 
 impl Timings {
     fn i(&self) -> f64 {

@@ -8,13 +8,12 @@ use crate::common::netns::Net;
 use crate::common::{alive, eventually};
 use crate::cut::{check_rounds, expect_cut};
 use crate::job::{Job, Rdzv};
-use crate::{epoch, max_overlap, round3, serial, Checks, Report, Seen, FAST, STORE_PORT};
+use crate::{epoch, max_overlap, round3, scenario, Checks, Seen, FAST, STORE_PORT};
 
 /// Three agents on three hosts, the store hosted by host 0's agent; host 2 is hit by `fault`: the
 /// expectations of a cut (with `late` s more for the survivors' re-form), then the survivors finish.
-fn host_2_faulted(scenario: &'static str, fault: fn(&Net, usize) -> SystemTime, late: f64) {
-    let _serial = serial();
-    let mut report = Report::new(scenario);
+fn host_2_faulted(name: &'static str, fault: fn(&Net, usize) -> SystemTime, late: f64) {
+    let (_serial, mut report) = scenario(name);
     let net = Net::new(3);
     let mut job = Job::c10d(&net, FAST);
     let (t_cut, _, checks) = expect_cut(&mut job, &[0, 1, 2], 2, FAST.read_s(), fault, late, &mut report);
@@ -47,12 +46,10 @@ fn a_node_whose_link_goes_down_is_fenced_before_the_survivors_reform() {
 /// as a newcomer, appended after the survivors, whose group ranks do not change.
 #[test]
 fn a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_rank() {
-    let _serial = serial();
-    let mut report = Report::new("c10d-cut-heal");
+    let (_serial, mut report) = scenario("c10d-cut-heal");
     let net = Net::new(3);
     let mut job = Job::c10d(&net, FAST);
-    job.wait_running(&[0, 1, 2], 0.0, cluster::LONG, "the first round");
-    std::thread::sleep(Duration::from_secs(2));
+    job.settled(&[0, 1, 2]);
     let t_cut = epoch(net.cut(2));
     let bound = FAST.w() + FAST.i() + 15.0;
     let r1 = job.wait_running(&[0, 1], t_cut, Duration::from_secs_f64(bound), "the survivors without h2");
@@ -95,8 +92,7 @@ fn a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_rank()
 /// 0 is cut: never two RANK=0 workers alive at once, and the cut as in (a).
 #[test]
 fn external_store_the_group_rank_0_host_cut_never_two_rank_0_workers() {
-    let _serial = serial();
-    let mut report = Report::new("c10d-external-store-cut-rank0");
+    let (_serial, mut report) = scenario("c10d-external-store-cut-rank0");
     let net = Net::new(4);
     let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
     job.start_c10d_external(0, &[1, 2, 3]);

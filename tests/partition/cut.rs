@@ -4,7 +4,6 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::common::cluster;
 use crate::common::eventually;
 use crate::common::netns::Net;
 use crate::job::Job;
@@ -52,9 +51,7 @@ fn observe_fault(
     fault: fn(&Net, usize) -> SystemTime,
 ) -> (f64, CutOutcome) {
     let tm = job.timings;
-    let r0 = job.wait_running(hosts, 0.0, cluster::LONG, "the first round");
-    // A moment in the round, so that heartbeats flow as usual when the cut comes.
-    std::thread::sleep(Duration::from_secs(2));
+    let r0 = job.settled(hosts);
     let t_cut = epoch(fault(job.net, victim));
     let survivors: Vec<usize> = hosts.iter().copied().filter(|h| *h != victim).collect();
     // The victim should be gone at fence + store_timeout; waited for with head-room, then the survivors.

@@ -4,11 +4,11 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::common::{cluster, eventually, Guard};
+use crate::common::{eventually, Guard};
 use crate::common::netns::Net;
 use crate::cut::expect_cut;
 use crate::job::{Job, Rdzv};
-use crate::{epoch, serial, Checks, Report, ETCD_CLIENT_PORT, ETCD_PEER_PORT, FAST};
+use crate::{epoch, scenario, Checks, ETCD_CLIENT_PORT, ETCD_PEER_PORT, FAST};
 
 /// Three etcd 3.4 members, member k (e1..e3) on host `hosts[k-1]`, listening on that host's address.
 fn start_etcd(job: &mut Job, hosts: &[usize]) -> Vec<std::net::SocketAddr> {
@@ -59,8 +59,7 @@ fn etcd_leader(net: &Net, hosts: &[usize], members: &[std::net::SocketAddr]) -> 
 /// Agent host 5 is cut: as c10d's cut, and it exits 3 at fence + join_timeout.
 #[test]
 fn a_silently_cut_agent_host_is_fenced_before_the_survivors_reform_and_exits_3() {
-    let _serial = serial();
-    let mut report = Report::new("etcd-cut");
+    let (_serial, mut report) = scenario("etcd-cut");
     let net = Net::new(6);
     let endpoints = (0..3).map(|h| net.host(h).socket(ETCD_CLIENT_PORT).to_string()).collect::<Vec<_>>().join(",");
     let mut job = Job::new(&net, FAST, Rdzv::Etcd(endpoints), "2:3");
@@ -80,8 +79,7 @@ fn a_silently_cut_agent_host_is_fenced_before_the_survivors_reform_and_exits_3()
 /// election).
 #[test]
 fn the_leader_host_cut_nothing_reforms_and_training_goes_on() {
-    let _serial = serial();
-    let mut report = Report::new("etcd-leader-cut");
+    let (_serial, mut report) = scenario("etcd-leader-cut");
     let net = Net::new(6);
     let timings = FAST;
     let mut job = Job::new(&net, timings, Rdzv::Etcd(String::new()), "2:3");
@@ -93,8 +91,7 @@ fn the_leader_host_cut_nothing_reforms_and_training_goes_on() {
     for h in [3, 4, 5] {
         job.start_agent(h, "");
     }
-    job.wait_running(&[3, 4, 5], 0.0, cluster::LONG, "the first round");
-    std::thread::sleep(Duration::from_secs(2));
+    job.settled(&[3, 4, 5]);
     let leader = etcd_leader(&net, &[0, 1, 2], &members).unwrap_or_else(|| panic!("no etcd leader\n{}", job.logs()));
     report.set("cut_host", leader);
     report.set("leader_was_first_endpoint", leader == first);

@@ -176,6 +176,14 @@ impl<'n> Job<'n> {
         }
     }
 
+    /// Waits for the first round of every agent on `hosts`, then a moment in it, so that heartbeats flow as
+    /// usual when a fault comes; returns the round.
+    pub(crate) fn settled(&self, hosts: &[usize]) -> i64 {
+        let round = self.wait_running(hosts, 0.0, cluster::LONG, "the first round");
+        std::thread::sleep(Duration::from_secs(2));
+        round
+    }
+
     /// The last round in which every agent on `hosts` runs, each with a worker of a world of
     /// `hosts.len()` recorded and alive, after `after` (epoch seconds); the test fails after `timeout`.
     pub(crate) fn wait_running(&self, hosts: &[usize], after: f64, timeout: Duration, what: &str) -> i64 {
