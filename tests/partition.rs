@@ -1,8 +1,9 @@
 //! Network partitions between real hosts, simulated with network namespaces (tests/common/netns.rs): a host
 //! cut off silently (no FIN, no RST) as when it loses power or its switch port dies, or one that loses
 //! packets. What a user sees is asserted from the agents' `--event-log` files and what the workers
-//! (tests/fixtures/netns_worker.py) record, against the fencing behaviour of /work/notes/fence-spec.md and
-//! the README's "When a node is cut off" (I = keep_alive_interval, W = I × keep_alive_max_attempt):
+//! (tests/fixtures/netns_worker.py, or examples/train.py through tests/fixtures/partition_train.py) record,
+//! against the fencing behaviour of /work/notes/fence-spec.md and the README's "When a node is cut off"
+//! (I = keep_alive_interval, W = I × keep_alive_max_attempt):
 //!
 //! - the cut node fences at most W - min(I, W/2) after the cut, stops its workers (a transition to
 //!   "stopping" with reason "fenced") before the survivors start their new round, and exits 3 once the store
@@ -13,7 +14,9 @@
 //! - the same for an inbound-only cut (the node still sends) and a link that goes down;
 //! - with an external store, never two RANK=0 workers at once; with etcd, the leader's host cut changes
 //!   nothing;
-//! - 10% packet loss each way at the store's host for minutes, with the default keep-alive, evicts nobody.
+//! - 10% packet loss each way at the store's host for minutes, with the default keep-alive, evicts nobody;
+//! - a real gloo training job whose workers block in all_reduce when a member is cut re-forms within
+//!   membership_grace, spends no restart, and trains on.
 //!
 //! This file holds what every scenario shares (the one-at-a-time lock, the settings, the event logs, the
 //! /proc sampler, the report); `partition/job.rs` starts and reads a job, `partition/cut.rs` the
@@ -37,6 +40,8 @@ mod harness;
 mod job;
 #[path = "partition/loss.rs"]
 mod loss;
+#[path = "partition/train.rs"]
+mod train;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -149,6 +154,8 @@ struct Tr {
     to: String,
     round: Option<i64>,
     group_rank: Option<i64>,
+    /// Restarts spent on this node so far.
+    restart_count: Option<i64>,
     reason: Option<String>,
 }
 
@@ -166,6 +173,7 @@ fn transitions(path: &Path) -> Vec<Tr> {
                 to: e["to"].as_str().unwrap_or_default().to_string(),
                 round: e["round"].as_i64(),
                 group_rank: e["group_rank"].as_i64(),
+                restart_count: e["restart_count"].as_i64(),
                 reason: e["reason"].as_str().map(str::to_string),
             })
         })
@@ -193,7 +201,7 @@ fn show(trs: &[Tr], t0: f64) -> String {
 
 // ------------------------------------------------------------------------------------------------ workers
 
-/// One worker start as tests/fixtures/netns_worker.py records it.
+/// One worker start as tests/fixtures/netns_worker.py (and partition_train.py) records it.
 #[derive(Debug, Clone)]
 struct Start {
     node: String,
@@ -201,23 +209,28 @@ struct Start {
     world_size: Option<u32>,
     round: Option<i64>,
     pid: i32,
+    /// TORCHELASTIC_RESTART_COUNT (partition_train.py only).
+    restart_count: Option<u32>,
+}
+
+/// The lines of the workers' record `name` in `dir`, each split into its fields and read by `parse` (a line
+/// it cannot read, a worker's half-written last one say, is left out).
+fn records<T>(dir: &Path, name: &str, parse: impl Fn(&[&str]) -> Option<T>) -> Vec<T> {
+    let text = std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    text.lines().filter_map(|l| parse(&l.split_whitespace().collect::<Vec<_>>())).collect()
 }
 
 fn starts(dir: &Path) -> Vec<Start> {
-    std::fs::read_to_string(dir.join("starts"))
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some(Start {
-                node: f.first()?.to_string(),
-                group_rank: f.get(2)?.parse().ok(),
-                world_size: f.get(3)?.parse().ok(),
-                round: f.get(4)?.parse().ok(),
-                pid: f.get(5)?.parse().ok()?,
-            })
+    records(dir, "starts", |f| {
+        Some(Start {
+            node: f.first()?.to_string(),
+            group_rank: f.get(2)?.parse().ok(),
+            world_size: f.get(3)?.parse().ok(),
+            round: f.get(4)?.parse().ok(),
+            pid: f.get(5)?.parse().ok()?,
+            restart_count: f.get(6).and_then(|c| c.parse().ok()),
         })
-        .collect()
+    })
 }
 
 /// A worker process of the job as the /proc sampler saw it: alive from `first` to `last` (epoch seconds,

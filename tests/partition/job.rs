@@ -124,8 +124,11 @@ impl<'n> Job<'n> {
         }
         let mut cmd = muster();
         h.wrap(&mut cmd);
+        // gloo picks its address from the hostname, which every host shares (and /etc/hosts maps to
+        // loopback): the workers are told their host's interface.
         cmd.env("MUSTER_TEST_NODE", format!("h{host}"))
             .env("MUSTER_PARTITION_JOB", &self.token)
+            .env("GLOO_SOCKET_IFNAME", format!("vh{host}"))
             .args([
                 format!("--nnodes={}", self.nnodes),
                 "--nproc-per-node=1".into(),
@@ -301,7 +304,7 @@ impl<'n> Job<'n> {
             out.push_str(&format!("--- agent {} ({}):\n{}\n", n.name(), self.net.host(n.host).addr(), tail.join("\n")));
         }
         out.push_str(&format!("--- starts:\n{}", std::fs::read_to_string(self.path().join("starts")).unwrap_or_default()));
-        for f in ["store.log", "e1.log", "e2.log", "e3.log"] {
+        for f in ["store.log", "e1.log", "e2.log", "e3.log", "progress", "signals"] {
             if let Ok(text) = std::fs::read_to_string(self.path().join(f)) {
                 let tail: Vec<&str> = text.lines().rev().take(15).collect::<Vec<_>>().into_iter().rev().collect();
                 out.push_str(&format!("--- {f}:\n{}\n", tail.join("\n")));
