@@ -16,20 +16,25 @@ require_positive_ints() {
     done
 }
 
-# stress_args SCRIPT HELP_LINES DEFAULT_RUNS "$@": the stress scripts' command line, `[--runs N] [filter]`;
-# sets `runs` and `filter`, prints the script's header lines HELP_LINES (e.g. 2,8) for --help, exits 2 on
-# anything else.
+# stress_args SCRIPT HELP_LINES DEFAULT_RUNS "$@": the stress scripts' command line,
+# `[--runs N] [--skip PATTERN]... [filter]`; sets `runs`, `filter` and the array `skip` (test-runner
+# arguments), prints the script's header lines HELP_LINES (e.g. 2,8) for --help, exits 2 on anything else.
 stress_args() {
     local script="$1" help="$2"
     runs="$3"
     filter=""
+    skip=()
     shift 3
     while [ $# -gt 0 ]; do
         case "$1" in
             --runs) runs="${2:-}"; shift 2 ;;
             --runs=*) runs="${1#--runs=}"; shift ;;
+            --skip)
+                [ -n "${2:-}" ] || { echo "$(basename "$script"): --skip needs a pattern" >&2; exit 2; }
+                skip+=(--skip "$2"); shift 2 ;;
+            --skip=*) skip+=(--skip "${1#--skip=}"); shift ;;
             -h | --help) sed -n "${help}p" "$script"; exit 0 ;;
-            -*) echo "$(basename "$script"): unknown option '$1'; use --runs N [filter]" >&2; exit 2 ;;
+            -*) echo "$(basename "$script"): unknown option '$1'; use --runs N [--skip PATTERN]... [filter]" >&2; exit 2 ;;
             *) filter="$1"; shift ;;
         esac
     done

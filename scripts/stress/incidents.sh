@@ -3,7 +3,7 @@
 # and prints one row per incident: runs, unexpected outcomes, the documented result, median and worst time
 # to re-form (or to the decisive event). Exit 1 if any run ended otherwise. The whole log is kept in
 # target/stress/incidents.log.
-# Usage: scripts/stress/incidents.sh [--runs N] [test-name-filter]
+# Usage: scripts/stress/incidents.sh [--runs N] [--skip PATTERN]... [test-name-filter]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
@@ -13,7 +13,7 @@ cargo build --quiet --workspace --tests
 mkdir -p target/stress
 log=target/stress/incidents.log
 set +e
-MUSTER_INCIDENT_RUNS="$runs" cargo test --quiet --test incidents -- --test-threads=1 --nocapture $filter >"$log" 2>&1
+MUSTER_INCIDENT_RUNS="$runs" cargo test --quiet --test incidents -- --test-threads=1 --nocapture "${skip[@]}" $filter >"$log" 2>&1
 rc=$?
 set -e
 echo "| incident | runs | unexpected | documented result | median | worst |"

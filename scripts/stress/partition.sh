@@ -2,14 +2,16 @@
 # Runs the network-partition scenarios of tests/partition.rs N times (hosts in network namespaces, silent
 # cuts with nftables; root needed) and prints one row per scenario: runs, passed, the worst split brain
 # (seconds an old worker of the cut node overlapped a new-round worker), the survivors' re-form time and the
-# cut node's exit time after the cut (median / max). Exit 1 if any run failed. Every run's log is kept in
-# target/stress/partition.log and the measurements (one JSON line per scenario run) in
-# target/stress/partition.jsonl.
-# Usage: scripts/stress/partition.sh [--runs N] [test-name-filter]
+# cut node's exit time after the cut (median / max), and the medians of the scenario's other measurements.
+# Exit 1 if any run failed. Every run's log is kept in target/stress/partition.log and the measurements (one
+# JSON line per scenario run) in target/stress/partition.jsonl.
+# Usage: scripts/stress/partition.sh [--runs N] [--skip PATTERN]... [test-name-filter]
+#   --skip PATTERN   leaves out the tests whose name contains PATTERN (the test harness's --skip), e.g.
+#                    --skip loss:: for the four minutes of packet loss
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
-stress_args "scripts/stress/$(basename "$0")" 2,8 5 "$@"
+stress_args "scripts/stress/$(basename "$0")" 2,11 5 "$@"
 [ "$(id -u)" = 0 ] || { echo "partition.sh: must run as root (network namespaces and nftables)" >&2; exit 2; }
 ensure_venv
 ensure_etcd
@@ -24,7 +26,7 @@ failed=0
 for ((run = 1; run <= runs; run++)); do
     echo "=== run $run of $runs" >>"$log"
     set +e
-    MUSTER_PARTITION_REPORT="$PWD/$report" cargo test --quiet --test partition -- --test-threads=1 $filter >>"$log" 2>&1
+    MUSTER_PARTITION_REPORT="$PWD/$report" cargo test --quiet --test partition -- --test-threads=1 "${skip[@]}" $filter >>"$log" 2>&1
     rc=$?
     set -e
     if [ "$rc" -ne 0 ]; then
@@ -51,13 +53,28 @@ def med_max(vs):
     return f"{statistics.median(vs):.2f} / {max(vs):.2f}" if vs else "-"
 
 
-print("| scenario | runs | passed | split brain max (s) | survivors re-form (s) median / max | cut node exit (s) median / max |")
-print("|---|---|---|---|---|---|")
+COLUMNS = {"scenario", "passed", "split_brain_s", "reform_s", "cut_exit_s"}
+
+
+def others(rs):
+    """The medians of the other numeric measurements (a list counts as its largest value)."""
+    keys = sorted({k for r in rs for k in r} - COLUMNS)
+    out = []
+    for k in keys:
+        vs = [max(v) if isinstance(v, list) and v else v for v in (r.get(k) for r in rs)]
+        vs = [v for v in vs if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if vs:
+            out.append(f"{k} {statistics.median(vs):g}")
+    return ", ".join(out) or "-"
+
+
+print("| scenario | runs | passed | split brain max (s) | survivors re-form (s) median / max | cut node exit (s) median / max | other (median) |")
+print("|---|---|---|---|---|---|---|")
 for scenario, rs in rows.items():
     split = values(rs, "split_brain_s")
     print(f"| {scenario} | {len(rs)} | {sum(1 for r in rs if r.get('passed'))} | "
           f"{f'{max(split):.3f}' if split else '-'} | {med_max(values(rs, 'reform_s'))} | "
-          f"{med_max(values(rs, 'cut_exit_s'))} |")
+          f"{med_max(values(rs, 'cut_exit_s'))} | {others(rs)} |")
 if not rows:
     print("partition.sh: no measurements were reported (did the tests build and run?)", file=sys.stderr)
 EOF
