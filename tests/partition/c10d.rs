@@ -97,10 +97,16 @@ fn external_store_the_group_rank_0_host_cut_never_two_rank_0_workers() {
     let mut job = Job::new(&net, FAST, Rdzv::C10d(net.host(0).socket(STORE_PORT).to_string()), "2:3");
     job.start_c10d_external(0, &[1, 2, 3]);
     job.wait_running(&[1, 2, 3], 0.0, cluster::LONG, "the first round");
-    let ranks = job.group_ranks(&[1, 2, 3], 3);
+    rank_0_host_cut(&mut job, &[1, 2, 3], FAST.read_s(), &mut report);
+}
+
+/// Cuts the host of the agent with GROUP_RANK 0 among `hosts` (running, world 3): the expectations of a cut,
+/// never two RANK=0 workers alive at once, and the survivors finish.
+pub(crate) fn rank_0_host_cut(job: &mut Job, hosts: &[usize], store_timeout: f64, report: &mut crate::Report) {
+    let ranks = job.group_ranks(hosts, 3);
     let victim = *ranks.iter().find(|(_, g)| **g == Some(0)).unwrap_or_else(|| panic!("no GROUP_RANK 0: {ranks:?}")).0;
     report.set("cut_host", victim);
-    let (t_cut, o, mut checks) = expect_cut(&mut job, &[1, 2, 3], victim, FAST.read_s(), Net::cut, 0.0, &mut report);
+    let (t_cut, o, mut checks) = expect_cut(job, hosts, victim, store_timeout, Net::cut, 0.0, report);
     let seen = job.sampler.seen();
     let rank0: Vec<&Seen> = seen.iter().filter(|s| s.rank == "0").collect();
     let (twice, pair) = max_overlap(&rank0, &rank0);
@@ -109,5 +115,5 @@ fn external_store_the_group_rank_0_host_cut_never_two_rank_0_workers() {
     checks.check(twice == 0.0, || format!("two RANK=0 workers alive at once for {twice:.3} s: {pair:?}"));
     checks.check(rank0.len() >= 2, || format!("expected a RANK=0 worker in each round, saw {rank0:?}"));
     job.assert_checks(checks, t_cut, "the cut");
-    job.expect_finished(&[1, 2, 3].into_iter().filter(|h| *h != victim).collect::<Vec<_>>());
+    job.expect_finished(&hosts.iter().copied().filter(|h| *h != victim).collect::<Vec<_>>());
 }

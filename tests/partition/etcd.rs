@@ -72,6 +72,22 @@ fn a_silently_cut_agent_host_is_fenced_before_the_survivors_reform_and_exits_3()
     job.expect_finished(&[3, 4]);
 }
 
+/// The host of the agent with GROUP_RANK 0 cut (nobody hosts the rendezvous with etcd; the others re-form
+/// with a new rank 0): never two RANK=0 workers alive at once, and the cut as above.
+#[test]
+fn the_group_rank_0_host_cut_never_two_rank_0_workers() {
+    let (_serial, mut report) = scenario("etcd-cut-rank0");
+    let net = Net::new(6);
+    let endpoints = (0..3).map(|h| net.host(h).socket(ETCD_CLIENT_PORT).to_string()).collect::<Vec<_>>().join(",");
+    let mut job = Job::new(&net, FAST, Rdzv::Etcd(endpoints), "2:3");
+    start_etcd(&mut job, &[0, 1, 2]);
+    for h in [3, 4, 5] {
+        job.start_agent(h, "");
+    }
+    job.wait_running(&[3, 4, 5], 0.0, crate::common::cluster::LONG, "the first round");
+    crate::c10d::rank_0_host_cut(&mut job, &[3, 4, 5], FAST.join_s(), &mut report);
+}
+
 /// The leader's host cut: the two other members elect a new leader, requests fail over, and no
 /// agent re-forms (no transition to "stopping" anywhere); the workers run on and the job finishes. The
 /// leader's endpoint comes first in --rdzv-endpoint, so the member the agents talk to is the one cut (the
