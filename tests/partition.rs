@@ -297,6 +297,11 @@ impl Sampler {
                         continue;
                     }
                     let Some(env) = environ(pid) else { continue };
+                    // A process in the middle of execve (a worker starting) can read as having no
+                    // environment at all: look again next time rather than ignore it for good.
+                    if env.is_empty() {
+                        continue;
+                    }
                     if env.get("MUSTER_PARTITION_JOB") != Some(&token) {
                         ignored.insert(pid);
                         continue;
