@@ -11,6 +11,7 @@ pub mod context;
 pub mod doctor;
 pub mod exit;
 pub mod gpu;
+pub mod hang;
 pub mod host;
 pub mod limits;
 pub mod observe;

@@ -182,6 +182,12 @@ pub(super) struct Work {
     pub(super) group: Option<WorkerGroup>,
     /// The round joined and its workers' store endpoint.
     pub(super) round: Option<(RoundInfo, String, u16)>,
+    /// Hang detection (`--hang-timeout`), watching the running group.
+    pub(super) hang: Option<crate::hang::Monitor>,
+    /// The running workers, for `GET /stacks`.
+    pub(super) stacks: Arc<crate::hang::Registry>,
+    /// The running group's attempt directory.
+    pub(super) attempt_dir: Option<std::path::PathBuf>,
 }
 
 pub struct Agent {
@@ -244,6 +250,7 @@ impl Agent {
             run_id: cfg.run_id.clone(),
             nproc_per_node: cfg.nproc_per_node,
             max_restarts: cfg.max_restarts,
+            on_hang: cfg.hang.as_ref().map(|h| h.on_hang).unwrap_or(crate::config::OnHang::Restart),
             gpus: gpus.as_ref().map(|g| g.all.iter().map(|gpu| gpu.index).collect()).unwrap_or_default(),
         };
         let worker_store = WorkerStore {
@@ -267,6 +274,9 @@ impl Agent {
             gpu_job,
             group: None,
             round: None,
+            hang: cfg.hang.clone().map(crate::hang::Monitor::new),
+            stacks: sinks.stacks.clone(),
+            attempt_dir: None,
         };
         Ok(Agent {
             work,
@@ -409,6 +419,14 @@ impl Work {
         let Some(group) = self.group.as_mut() else {
             return Input::Failed(AgentError::Internal("no worker group to watch".into()));
         };
+        let board = self.rendezvous.hang_board();
+        let note = self.rendezvous.beat_note();
+        let hang = async {
+            match self.hang.as_mut() {
+                Some(monitor) => monitor.next(board.as_ref(), &note).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             outcome = group.watch(&mut self.spares) => match outcome {
                 Watch::Succeeded => Input::Succeeded,
@@ -417,7 +435,11 @@ impl Work {
                         // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
                         tokio::time::sleep(SIGNAL_HOLD).await;
                     }
-                    let change = self.rendezvous.change_behind_failure().await;
+                    let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
+                    let (change, ()) = tokio::join!(
+                        self.rendezvous.change_behind_failure(),
+                        stacks_on_failure(survivors, self.attempt_dir.as_deref()),
+                    );
                     Input::WorkerFailed { failure, change }
                 }
             },
@@ -428,6 +450,7 @@ impl Work {
                 }
                 Err(e) => Input::Failed(e.into()),
             },
+            found = hang => Input::Hung(Box::new(found)),
         }
     }
 
@@ -438,11 +461,15 @@ impl Work {
             Grace::Membership => membership.min(self.cfg.shutdown_timeout),
             Grace::Fenced => self.rendezvous.timing().fenced_grace(membership).min(self.cfg.shutdown_timeout),
         };
+        if let Some(monitor) = self.hang.as_mut() {
+            monitor.disarm();
+        }
         let failures = match self.group.as_mut() {
             Some(group) => group.stop(sig, grace).await,
             None => Vec::new(),
         };
         self.group = None;
+        self.stacks.set(Vec::new());
         Input::Stopped(failures)
     }
 
@@ -493,6 +520,17 @@ impl Work {
         }
         Input::Finished
     }
+}
+
+/// `--stacks-on-failure`: the surviving workers' stacks, before they are stopped, into the attempt's
+/// `stacks/` (bounded by `FAILURE_CAPTURE_BOUND`).
+async fn stacks_on_failure(survivors: Option<Vec<crate::hang::capture::Target>>, attempt: Option<&std::path::Path>) {
+    let (Some(targets), Some(attempt)) = (survivors, attempt) else { return };
+    if targets.is_empty() {
+        return;
+    }
+    let captures = crate::hang::capture::capture_all(&targets, crate::hang::FAILURE_CAPTURE_BOUND).await;
+    crate::hang::write_stacks(crate::hang::stacks_dir(attempt, 0), captures).await;
 }
 
 /// `"<port> <addr>"` as group rank 0 publishes it.

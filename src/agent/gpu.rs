@@ -28,10 +28,10 @@ pub fn on_fault(state: &mut State, phase: Phase, fault: Fault) -> (Phase, Vec<Ef
         (_, Action::Drain) => (Phase::Draining(fault.clone()), Verdict::Acted),
         (phase, Action::Exclude) => (exclude(state, phase, &fault), Verdict::Acted),
         (Phase::Running, Action::Restart) => {
-            (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()) }), Verdict::Acted)
+            (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()), hang: false }), Verdict::Acted)
         }
         (Phase::Stopping(c), Action::Restart) => {
-            let merged = c.merge(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()) });
+            let merged = c.merge(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()), hang: false });
             (Phase::Stopping(merged), Verdict::Absorbed)
         }
         (phase, Action::Restart | Action::Ignore) => (phase, Verdict::Absorbed),

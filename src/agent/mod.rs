@@ -5,13 +5,15 @@
 //! - a worker dies, a stopped group restarts (restart accounting): `worker.rs`;
 //! - a peer dies or joins, the round changes: `peer.rs`;
 //! - a GPU fault (XID, ECC, lost GPU) arrives: `gpu.rs`;
-//! - a signal arrives: `signal.rs`.
+//! - a signal arrives: `signal.rs`;
+//! - a hang is found (captured and judged by `crate::hang`): `hang.rs`.
 //!
 //! Every transition is an event with a timestamp and the time spent in the state it leaves; every way the
 //! agent ends emits exactly one final transition.
 
 mod driver;
 mod gpu;
+mod hang;
 mod peer;
 mod signal;
 mod start;

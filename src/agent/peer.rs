@@ -37,7 +37,11 @@ pub fn after_change(job: &Job, event: &RdzvEvent) -> Phase {
         // Cut off: the round is over for this node whatever the others did. Opening the next one is a no-op
         // when they already re-formed without it (the round counter moved), and tells them at once when the
         // cut healed before they could evict it (its workers are gone: theirs cannot finish a collective).
-        RdzvEvent::PeerLost(_) | RdzvEvent::JoinersWaiting | RdzvEvent::Fenced { .. } | RdzvEvent::StoreOutage => {
+        RdzvEvent::PeerLost(_)
+        | RdzvEvent::JoinersWaiting
+        | RdzvEvent::Fenced { .. }
+        | RdzvEvent::StoreOutage
+        | RdzvEvent::HangElsewhere => {
             Phase::Reforming { open: true }
         }
     }

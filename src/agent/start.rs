@@ -15,6 +15,7 @@ use crate::gpu::placement::PlacementError;
 use crate::gpu::topology::Plan;
 use crate::gpu::xid::FaultKind;
 use crate::gpu::GpuInfo;
+use crate::supervisor::logs::AttemptLogs;
 use crate::supervisor::{GroupSpec, Placement, WorkerGroup};
 
 /// How long NVML may take to answer the placement's queries. A lost GPU whose calls stall is reported by
@@ -69,7 +70,37 @@ fn apply_plan(cfg: &LaunchConfig, plan: Option<&Plan>) -> (Vec<(String, String)>
     (env, placements)
 }
 
+/// torch's NCCL flight recorder, kept with the stacks: its ring buffer on, a dump when a collective times
+/// out, into the attempt directory. Only the variables the user did not set (`is_set`).
+fn flight_recorder_env(attempt: Option<&std::path::Path>, is_set: &dyn Fn(&str) -> bool) -> Vec<(String, String)> {
+    let dump = attempt.map(|d| d.join("nccl_trace_rank_").display().to_string());
+    [
+        ("TORCH_NCCL_TRACE_BUFFER_SIZE", Some("2000".to_string())),
+        ("TORCH_NCCL_DUMP_ON_TIMEOUT", Some("1".to_string())),
+        ("TORCH_NCCL_DEBUG_INFO_TEMP_FILE", dump),
+    ]
+    .into_iter()
+    .filter(|(k, _)| !is_set(k))
+    .filter_map(|(k, v)| v.map(|v| (k.to_string(), v)))
+    .collect()
+}
+
 impl Work {
+    /// With hang detection on, the attempt's progress table, pattern and progress files (in the attempt
+    /// directory, or a directory of the agent's own when log files are off). Blocking, as creating the
+    /// attempt directory is: just before the spawn, on the main thread.
+    fn progress_hooks(&self, attempt: AttemptLogs, nproc: u32, restart_count: u32) -> Result<AttemptLogs, AgentError> {
+        let Some(hang) = &self.cfg.hang else { return Ok(attempt) };
+        let dir = match attempt.dir() {
+            Some(d) => d.join("progress"),
+            None => std::env::temp_dir().join(format!("muster-progress-{}-{restart_count}", std::process::id())),
+        };
+        let files = crate::hang::progress::create_files(&dir, nproc)
+            .map_err(|source| AgentError::Logs(crate::supervisor::logs::LogError::CreateDir { path: dir.clone(), source }))?;
+        let progress = crate::hang::progress::Progress::new(nproc, files.clone());
+        Ok(attempt.with_progress(crate::hang::progress::Hooks { progress, pattern: hang.pattern.clone(), files }))
+    }
+
     /// The fault a GPU that stopped answering amounts to.
     fn lost_fault(&self, index: u32) -> Fault {
         let known = self.gpus.as_ref().and_then(|g| g.all.iter().find(|gpu| gpu.index == index).cloned());
@@ -105,7 +136,18 @@ impl Work {
         let Some((round, master_addr, master_port)) = self.round.clone() else {
             return Input::Failed(AgentError::Internal("starting without a round".into()));
         };
-        let (extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
+        let (mut extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
+        let attempt = match self.logs.attempt(restart_count, nproc) {
+            Ok(a) => a,
+            Err(e) => return Input::Failed(e.into()),
+        };
+        let attempt = match self.progress_hooks(attempt, nproc, restart_count) {
+            Ok(a) => a,
+            Err(e) => return Input::Failed(e),
+        };
+        if self.hang.is_some() && self.gpus.is_some() {
+            extra_env.extend(flight_recorder_env(attempt.dir(), &|k| std::env::var_os(k).is_some()));
+        }
         let cfg = &self.cfg;
         let spec = GroupSpec {
             role: cfg.role.clone(),
@@ -129,10 +171,6 @@ impl Work {
             placements,
         };
         tracing::debug!(round = round.round, group_rank = spec.group_rank, world_size = spec.world_size, "starting");
-        let attempt = match self.logs.attempt(restart_count, nproc) {
-            Ok(a) => a,
-            Err(e) => return Input::Failed(e.into()),
-        };
         let started = WorkerGroup::start(
             &spec,
             &cfg.entrypoint,
@@ -145,6 +183,17 @@ impl Work {
         match started {
             Ok(group) => {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
+                self.stacks.set(group.targets());
+                self.attempt_dir = attempt.dir().map(|d| d.to_path_buf());
+                if let (Some(monitor), Some(hooks)) = (self.hang.as_mut(), attempt.progress()) {
+                    monitor.arm(crate::hang::Armed {
+                        progress: hooks.progress.clone(),
+                        targets: group.targets(),
+                        attempt_dir: self.attempt_dir.clone(),
+                        run_dir: self.logs.run_dir().map(|d| d.to_path_buf()),
+                        hostname: self.hostname.clone(),
+                    });
+                }
                 self.group = Some(group);
                 Input::Started { gpus: used }
             }

@@ -58,8 +58,8 @@ impl Phase {
 pub enum Cause {
     /// The membership changed (no restart spent).
     Membership(RdzvEvent),
-    /// Workers failed and/or a restart-class GPU fault: spends one restart.
-    Restart { failures: Vec<ProcessFailure>, fault: Option<Fault> },
+    /// Workers failed, a restart-class GPU fault and/or a hang among this node's ranks: spends one restart.
+    Restart { failures: Vec<ProcessFailure>, fault: Option<Fault>, hang: bool },
     /// A GPU is being excluded (already in `excluded`): re-form with one worker fewer, no restart spent.
     Exclude(Fault),
     /// An operation failed for good.
@@ -83,9 +83,9 @@ impl Cause {
     /// This cause and `other`, met within one stop, as one.
     pub fn merge(self, other: Cause) -> Cause {
         match (self, other) {
-            (Cause::Restart { mut failures, fault }, Cause::Restart { failures: more, fault: f2 }) => {
+            (Cause::Restart { mut failures, fault, hang }, Cause::Restart { failures: more, fault: f2, hang: h2 }) => {
                 failures.extend(more);
-                Cause::Restart { failures, fault: fault.or(f2) }
+                Cause::Restart { failures, fault: fault.or(f2), hang: hang || h2 }
             }
             (a, b) if b.rank() > a.rank() => b,
             (a, _) => a,
@@ -97,6 +97,7 @@ impl Cause {
             Cause::Membership(RdzvEvent::Fenced { .. }) => "fenced",
             Cause::Membership(_) => "membership change",
             Cause::Restart { fault: Some(_), .. } => "gpu fault",
+            Cause::Restart { hang: true, .. } => "hang",
             Cause::Restart { .. } => "worker failure",
             Cause::Exclude(_) => "gpu excluded",
             Cause::Error(_) => "error",
@@ -153,6 +154,8 @@ pub enum Input {
     WorkerFailed { failure: ProcessFailure, change: Option<RdzvEvent> },
     /// Running: the membership changed.
     Membership(RdzvEvent),
+    /// Running: a hang was found, captured and judged (`crate::hang`).
+    Hung(Box<crate::hang::Found>),
     /// Stopping: every worker is gone; the failures seen meanwhile.
     Stopped(Vec<ProcessFailure>),
     /// Reforming: the next round is open.
@@ -178,6 +181,7 @@ impl Input {
             Input::Succeeded => "succeeded",
             Input::WorkerFailed { .. } => "worker_failed",
             Input::Membership(_) => "membership",
+            Input::Hung(_) => "hung",
             Input::Stopped(_) => "stopped",
             Input::Reformed => "reformed",
             Input::Drained => "drained",
@@ -258,6 +262,8 @@ pub struct Job {
     pub run_id: String,
     pub nproc_per_node: u32,
     pub max_restarts: u32,
+    /// `--on-hang` (hang detection on or not: without it no hang is found).
+    pub on_hang: crate::config::OnHang,
     /// Every GPU index NVML reports on this node.
     pub gpus: BTreeSet<u32>,
 }
@@ -342,6 +348,7 @@ pub fn step(state: &mut State, input: Input) -> Vec<Effect> {
         Input::Fault(fault) => super::gpu::on_fault(state, phase, fault),
         Input::StartLost(fault) => super::gpu::on_start_lost(state, phase, fault),
         Input::Membership(event) => (super::peer::on_membership(phase, event), Vec::new()),
+        Input::Hung(found) => (super::hang::on_hang(phase, &found, state.job.on_hang), Vec::new()),
         Input::JoinChanged(event) => (super::peer::on_join_changed(&state.job, phase, event), Vec::new()),
         Input::Stopped(later) => (super::worker::on_stopped(state, phase, later), Vec::new()),
         Input::Failed(error) => (on_failed(phase, error), Vec::new()),

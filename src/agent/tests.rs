@@ -13,7 +13,7 @@ use crate::rendezvous::RdzvEvent;
 use crate::supervisor::failure::ProcessFailure;
 
 fn job() -> Job {
-    Job { run_id: "job".into(), nproc_per_node: 4, max_restarts: 3, gpus: (0..4).collect() }
+    Job { run_id: "job".into(), nproc_per_node: 4, max_restarts: 3, on_hang: crate::config::OnHang::Restart, gpus: (0..4).collect() }
 }
 
 fn fault(gpu: u32, kind: FaultKind, action: Action) -> Fault {
@@ -32,7 +32,7 @@ fn phases() -> Vec<(&'static str, Phase)> {
         ("joining", Phase::Joining),
         ("starting", Phase::Starting),
         ("running", Phase::Running),
-        ("stopping:restart", Phase::Stopping(Cause::Restart { failures: vec![failure(0)], fault: None })),
+        ("stopping:restart", Phase::Stopping(Cause::Restart { failures: vec![failure(0)], fault: None, hang: false })),
         ("stopping:membership", Phase::Stopping(Cause::Membership(RdzvEvent::PeerLost("n".into())))),
         ("stopping:signal", Phase::Stopping(Cause::Signal(Signal::SIGTERM))),
         ("stopping:drain", Phase::Stopping(Cause::Drain(f.clone()))),

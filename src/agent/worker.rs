@@ -24,7 +24,7 @@ pub fn on_worker_failed(failure: ProcessFailure, change: Option<RdzvEvent>) -> P
             );
             Phase::Stopping(Cause::Membership(event))
         }
-        None => Phase::Stopping(Cause::Restart { failures: vec![failure], fault: None }),
+        None => Phase::Stopping(Cause::Restart { failures: vec![failure], fault: None, hang: false }),
     }
 }
 
@@ -35,7 +35,7 @@ pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -
         phase => return unexpected(phase, "stopped"),
     };
     match cause {
-        Cause::Restart { mut failures, fault } => {
+        Cause::Restart { mut failures, fault, .. } => {
             failures.extend(later);
             if state.restart_count < state.job.max_restarts {
                 state.restart_count += 1;

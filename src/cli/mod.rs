@@ -246,6 +246,31 @@ pub struct Cli {
           value_parser = non_negative_seconds, value_name = "SECONDS")]
     pub warm_spares_delay: f64,
 
+    /// muster: a rank that shows no progress for this many seconds is hung: every local rank's Python stack is
+    /// captured, group rank 0 names the culprit, and `--on-hang` acts. Progress is a line matching
+    /// `--progress-pattern`, a touch of `$MUSTER_PROGRESS_FILE`, or a torch file-timer request; a rank is
+    /// judged from its first sign of progress on. Off by default.
+    #[arg(long = "hang-timeout", env = "MUSTER_HANG_TIMEOUT", value_parser = non_negative_seconds,
+          value_name = "SECONDS")]
+    pub hang_timeout: Option<f64>,
+
+    /// muster: a regular expression; a line of a worker's output (stdout or stderr) matching it is progress.
+    /// The workers' output then goes through the agent's pipes; the console and the log files get exactly
+    /// the same bytes.
+    #[arg(long = "progress-pattern", env = "MUSTER_PROGRESS_PATTERN", value_name = "REGEX")]
+    pub progress_pattern: Option<String>,
+
+    /// muster: what a hang does after its stacks are captured: restart the group (spends a restart, as a
+    /// worker failure does) or report it and keep the workers running.
+    #[arg(long = "on-hang", env = "MUSTER_ON_HANG", value_parser = ["restart", "report"])]
+    pub on_hang: Option<String>,
+
+    /// muster: when a worker fails, capture the other local workers' Python stacks before they are stopped
+    /// (into the attempt's `stacks/`), delaying the stop by at most 2 s.
+    #[arg(long = "stacks-on-failure", env = "MUSTER_STACKS_ON_FAILURE", action = ArgAction::SetTrue,
+          value_parser = pet_flag)]
+    pub stacks_on_failure: bool,
+
     /// muster: serve Prometheus metrics (`/metrics`) and a health check (`/healthz`: 200 while running or
     /// re-forming, 503 when failing or draining) on this port; 0 lets the kernel pick one (the address is
     /// logged). Off by default.

@@ -13,6 +13,7 @@ use crate::cli::Cli;
 use crate::gpu::placement::PlacementError;
 
 mod entrypoint;
+mod hang;
 mod logs;
 mod observe;
 mod parse;
@@ -21,6 +22,7 @@ pub mod etcd;
 pub mod token;
 
 pub use entrypoint::{find_program, Entrypoint};
+pub use hang::{HangConfig, OnHang};
 pub use logs::{LogConfig, Std, StdSpec};
 pub use parse::{parse_nnodes, parse_signals};
 pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
@@ -87,6 +89,10 @@ pub struct LaunchConfig {
     pub gpu_wait_timeout: Duration,
     /// `--warm-spares`: None when off.
     pub warm_spares: Option<crate::supervisor::spare::WarmConfig>,
+    /// `--hang-timeout` and its companions: None when off.
+    pub hang: Option<HangConfig>,
+    /// `--stacks-on-failure`.
+    pub stacks_on_failure: bool,
 }
 
 impl LaunchConfig {
@@ -215,6 +221,8 @@ impl LaunchConfig {
             gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
             warm_spares: entrypoint::warm_spares(cli)?,
+            hang: hang::from_cli(cli)?,
+            stacks_on_failure: cli.stacks_on_failure,
         })
     }
 }
@@ -277,6 +285,10 @@ mod tests {
             (&["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1:31005", "/bin/true"], "[::1:31005"),
             (&[], "script is missing"),
             (&["--local-addr", "my host", "/bin/true"], "--local-addr"),
+            (&["--progress-pattern", "step", "/bin/true"], "--progress-pattern needs --hang-timeout"),
+            (&["--on-hang", "report", "/bin/true"], "--on-hang needs --hang-timeout"),
+            (&["--hang-timeout", "0", "/bin/true"], "'--hang-timeout': must be a number of seconds > 0"),
+            (&["--hang-timeout", "5", "--progress-pattern", "step (", "/bin/true"], "'--progress-pattern': not a regular expression"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();

@@ -64,7 +64,7 @@ mod tests {
             (Phase::Running, true),
             (Phase::Reforming { open: true }, true),
             (Phase::Stopping(Cause::Membership(RdzvEvent::PeerLost("b".into()))), true),
-            (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: None }), true),
+            (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: None, hang: false }), true),
             (Phase::Stopping(Cause::Exclude(fault())), true),
             (Phase::Stopping(Cause::Drain(fault())), false),
             (Phase::Stopping(Cause::Signal(Signal::SIGTERM)), false),

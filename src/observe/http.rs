@@ -43,6 +43,7 @@ pub fn bind(addr: SocketAddr) -> Result<TcpListener, BindError> {
 pub struct Shared {
     pub metrics: Arc<Metrics>,
     pub health: Arc<Health>,
+    pub stacks: Arc<crate::hang::Registry>,
 }
 
 /// Serves the endpoint on `listener` until the runtime ends. Must be called within the runtime.
@@ -70,7 +71,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, shared: Shared) {
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| {
                 let shared = shared.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &shared)) }
+                async move {
+                    if req.uri().path() == "/stacks" && req.method() == Method::GET {
+                        // Reads every worker's memory (bounded, on threads of its own): the only route that waits.
+                        let json = req.uri().query().is_some_and(|q| q.split('&').any(|p| p == "format=json"));
+                        let body = shared.stacks.render(json).await;
+                        let kind = if json { "application/json" } else { "text/plain; charset=utf-8" };
+                        return Ok::<_, Infallible>(with_type(StatusCode::OK, kind, body));
+                    }
+                    Ok::<_, Infallible>(respond(&req, &shared))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -97,7 +107,7 @@ fn respond<B>(req: &Request<B>, shared: &Shared) -> Response<Full<Bytes>> {
             (true, state) => plain(StatusCode::OK, format!("ok {state}\n")),
             (false, state) => plain(StatusCode::SERVICE_UNAVAILABLE, format!("unhealthy {state}\n")),
         },
-        _ => plain(StatusCode::NOT_FOUND, "muster serves /metrics and /healthz\n".into()),
+        _ => plain(StatusCode::NOT_FOUND, "muster serves /metrics, /healthz and /stacks\n".into()),
     }
 }
 
@@ -128,7 +138,7 @@ mod tests {
     #[tokio::test]
     async fn serves_metrics_and_health() {
         let listener = bind("127.0.0.1:0".parse().unwrap()).unwrap();
-        let shared = Shared { metrics: Arc::new(Metrics::new("r", "h", 1)), health: Arc::new(Health::default()) };
+        let shared = Shared { metrics: Arc::new(Metrics::new("r", "h", 1)), health: Arc::new(Health::default()), stacks: Arc::default() };
         let addr = spawn(listener, shared.clone()).unwrap();
         let metrics = get(addr, "/metrics").await;
         assert!(metrics.starts_with("HTTP/1.1 200") && metrics.contains("muster_restarts_remaining"), "{metrics}");

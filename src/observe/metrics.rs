@@ -72,6 +72,7 @@ pub struct Metrics {
     local_workers: Gauge,
     worker_exits: Family<Labels, Counter>,
     gpu_faults: Family<Labels, Counter>,
+    hangs: Family<Labels, Counter>,
     phases: Histograms,
     recoveries: Histograms,
     state: Family<Labels, Gauge>,
@@ -107,15 +108,19 @@ impl Metrics {
             local_workers: Gauge::default(),
             worker_exits: Family::default(),
             gpu_faults: Family::default(),
+            hangs: Family::default(),
             phases: Family::new_with_constructor(seconds_histogram),
             recoveries: Family::new_with_constructor(seconds_histogram),
             state: Family::default(),
         };
         // Present from the first scrape, so a dashboard's queries and rate() have a zero to start from.
-        for cause in ["worker_failure", "gpu_fault"] {
+        for kind in ["stalled", "stopped_first", "job_wide"] {
+            let _ = m.hangs.get_or_create(&label("kind", kind));
+        }
+        for cause in ["worker_failure", "gpu_fault", "hang"] {
             let _ = m.restarts.get_or_create(&label("cause", cause));
         }
-        for cause in ["peer_lost", "joiners", "round_changed", "closed", "fenced", "store_outage", "gpu_excluded", "drained"] {
+        for cause in ["peer_lost", "joiners", "round_changed", "closed", "fenced", "store_outage", "hang_elsewhere", "gpu_excluded", "drained"] {
             let _ = m.membership.get_or_create(&label("cause", cause));
         }
         for cause in ["worker failure", "gpu fault", "membership change", "gpu excluded"] {
@@ -182,6 +187,11 @@ impl Metrics {
         self.gpu_faults.get_or_create(&labels).inc();
     }
 
+    /// A hang verdict this node gave (group rank 0), by its kind.
+    pub fn hang(&self, kind: &str) {
+        self.hangs.get_or_create(&label("kind", kind)).inc();
+    }
+
     /// One recovery: its phases in [`PHASES`] order, and the whole.
     pub fn recovery(&self, cause: &str, phases: [Duration; 4], total: Duration) {
         for (phase, spent) in PHASES.iter().zip(phases) {
@@ -216,6 +226,7 @@ impl Metrics {
         r.register("muster_local_workers", "Workers this node runs", self.local_workers.clone());
         r.register("muster_worker_exits", "Worker exits, by exit code or signal", self.worker_exits.clone());
         r.register("muster_gpu_faults", "GPU faults, by XID, kind, action and verdict", self.gpu_faults.clone());
+        r.register("muster_hangs", "Hang verdicts this node gave as group rank 0, by kind", self.hangs.clone());
         r.register_with_unit(
             "muster_recovery_phase",
             "Each recovery's phases: detect, stop, rendezvous, spawn",

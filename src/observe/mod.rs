@@ -48,6 +48,8 @@ pub struct Sinks {
     pub events: EventLog,
     pub metrics: Option<Arc<Metrics>>,
     pub health: Arc<Health>,
+    /// The running workers, whose stacks `GET /stacks` reads.
+    pub stacks: Arc<crate::hang::Registry>,
     listener: Option<TcpListener>,
 }
 
@@ -56,15 +58,15 @@ pub fn open(cfg: &ObserveConfig, run_id: &str, max_restarts: u32) -> Result<Sink
     let listener = cfg.metrics.map(http::bind).transpose()?;
     let events = EventLog::open(cfg.console_events, cfg.event_log.as_deref())?;
     let metrics = listener.is_some().then(|| Arc::new(Metrics::new(run_id, &crate::host::hostname(), max_restarts)));
-    Ok(Sinks { events, metrics, health: Arc::new(Health::default()), listener })
+    Ok(Sinks { events, metrics, health: Arc::new(Health::default()), stacks: Arc::default(), listener })
 }
 
 impl Sinks {
     /// Starts serving `/metrics` and `/healthz` (within the runtime); logs the address.
     pub fn serve(&mut self) {
         let (Some(listener), Some(metrics)) = (self.listener.take(), self.metrics.clone()) else { return };
-        match http::spawn(listener, http::Shared { metrics, health: self.health.clone() }) {
-            Ok(addr) => tracing::info!("metrics on http://{addr}/metrics, health on http://{addr}/healthz"),
+        match http::spawn(listener, http::Shared { metrics, health: self.health.clone(), stacks: self.stacks.clone() }) {
+            Ok(addr) => tracing::info!("metrics on http://{addr}/metrics, health on http://{addr}/healthz, stacks on http://{addr}/stacks"),
             Err(e) => tracing::warn!("cannot serve the metrics endpoint: {e}; the job runs without it"),
         }
     }
@@ -111,6 +113,16 @@ fn membership_cause(event: &RdzvEvent) -> &'static str {
         RdzvEvent::Closed => "closed",
         RdzvEvent::Fenced { .. } => "fenced",
         RdzvEvent::StoreOutage => "store_outage",
+        RdzvEvent::HangElsewhere => "hang_elsewhere",
+    }
+}
+
+fn kind_name(kind: crate::hang::verdict::Kind) -> &'static str {
+    use crate::hang::verdict::Kind;
+    match kind {
+        Kind::Stalled => "stalled",
+        Kind::StoppedFirst => "stopped_first",
+        Kind::JobWide => "job_wide",
     }
 }
 
@@ -166,8 +178,12 @@ impl Observer {
                 Input::Stopped(failures) => failures.iter().for_each(|f| m.worker_exits(f.exitcode, 1)),
                 Input::Succeeded => m.worker_exits(0, u64::from(state.nproc())),
                 Input::Membership(event) | Input::JoinChanged(event) => m.membership(membership_cause(event)),
+                Input::Hung(found) if found.judged => m.hang(kind_name(found.verdict.kind)),
                 _ => {}
             }
+        }
+        if let Input::Hung(found) = input {
+            self.hang(found);
         }
         Before { at: Instant::now(), restart_count: state.restart_count, excluded: state.excluded.len(), stop_cause }
     }
@@ -177,12 +193,26 @@ impl Observer {
         self.ids.restart_count = state.restart_count;
         let Some(m) = &self.metrics else { return };
         if state.restart_count > before.restart_count {
-            m.restart(if before.stop_cause == Some("gpu fault") { "gpu_fault" } else { "worker_failure" });
+            m.restart(match before.stop_cause {
+                Some("gpu fault") => "gpu_fault",
+                Some("hang") => "hang",
+                _ => "worker_failure",
+            });
         }
         if state.excluded.len() > before.excluded {
             m.membership("gpu_excluded");
         }
         m.restarts_left(state.restarts_left());
+    }
+
+    /// A hang found: the verdict (from the node that gave it) and what this node takes part with.
+    fn hang(&self, found: &crate::hang::Found) {
+        self.emit(
+            "muster.agent.hang",
+            json!({ "incident": found.incident, "kind": kind_name(found.verdict.kind), "suspects": found.verdict.suspects,
+                    "verdict": found.verdict.line, "judged_here": found.judged, "suspect_here": found.here,
+                    "stacks": found.stacks.as_ref().map(|p| p.display().to_string()) }),
+        );
     }
 
     /// A GPU fault and what was decided; `count` is how many of its kind this GPU has had.

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use super::fence::{cut_off, Link, SharedLink, Timing};
 use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
 use super::retry::{is_connection_error, Retry};
-use super::{Published, RdzvError, RdzvEvent, Rendezvous};
+use super::{BeatNote, Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, WatchEventKind, WatchTarget};
 
 impl<S: Store> Rendezvous<S> {
@@ -30,7 +30,8 @@ impl<S: Store> Rendezvous<S> {
         self.publish_fingerprint().await?;
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
         *self.link.lock() = Link::new(Instant::now(), &self.timing);
-        let task = heartbeats(self.store.clone(), self.key(&format!("hb/{}", self.me.id)), self.link.clone(), self.timing, self.settings.keep_alive_interval);
+        let key = self.key(&format!("hb/{}", self.me.id));
+        let task = heartbeats(self.store.clone(), key, self.link.clone(), self.timing, self.settings.keep_alive_interval, self.note.clone());
         self.heartbeat = Some(tokio::spawn(task));
         Ok(())
     }
@@ -360,7 +361,7 @@ impl<S: Store> Rendezvous<S> {
 /// The heartbeat task: a round trip every `probe_every`, each bounded by `request_bound` (past it the
 /// connection is replaced): a beat (`hb/<me>`, a new value the others compare) once per `interval`, a ping
 /// between beats. Each acknowledgement, and each failure, goes into `link`.
-async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration) {
+async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration, note: BeatNote) {
     let interval_ms = Some(interval.as_millis() as u64);
     let mut beat: u64 = 0;
     let mut last_beat: Option<Instant> = None;
@@ -370,7 +371,8 @@ async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: T
         let sent = Instant::now();
         let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= interval);
         let result = if due {
-            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms }.encode();
+            let progress = note.lock().map(|p| p.clone()).unwrap_or_default();
+            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms, progress }.encode();
             store.beat(&key, &value, t.request_bound).await
         } else {
             store.ping(&key, t.request_bound).await

@@ -32,6 +32,7 @@ use tokio::time::Instant;
 
 use crate::store::{Store, StoreError, WatchEvent};
 
+pub mod board;
 #[cfg(test)]
 mod fuzz;
 mod fence;
@@ -126,6 +127,9 @@ pub enum RdzvEvent {
     /// A worker failed while this node's link to the store was broken: its peers may be re-forming where
     /// this node cannot see, so the failure is not the worker's own.
     StoreOutage,
+    /// A hang was found and its suspects are on other nodes, which restart their groups: this node's
+    /// workers, blocked in collectives with them, are stopped for the re-formation (`agent::hang`).
+    HangElsewhere,
 }
 
 /// What a node waiting for group rank 0's publication learns first.
@@ -172,7 +176,13 @@ pub struct Rendezvous<S: Store> {
     /// The round counter's value when the current round started.
     round_raw: Vec<u8>,
     events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
+    /// What the heartbeat carries besides its count and time: the local ranks' progress.
+    note: BeatNote,
 }
+
+/// The local ranks' last progress as the heartbeat carries it (`(global rank, unix ms)`), kept current by
+/// the hang monitor.
+pub type BeatNote = Arc<std::sync::Mutex<Vec<(u32, u64)>>>;
 
 impl<S: Store> Rendezvous<S> {
     pub fn new(store: S, settings: Settings, me: NodeInfo, fingerprint: Fingerprint) -> Self {
@@ -198,6 +208,7 @@ impl<S: Store> Rendezvous<S> {
             next_check: None,
             round_raw: Vec::new(),
             events: None,
+            note: BeatNote::default(),
         }
     }
 
@@ -207,6 +218,11 @@ impl<S: Store> Rendezvous<S> {
 
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// What the heartbeat reports of the local ranks' progress.
+    pub fn beat_note(&self) -> BeatNote {
+        self.note.clone()
     }
 
     /// The liveness timing derived from the settings.

@@ -117,24 +117,35 @@ impl RoundInfo {
     }
 }
 
-/// A heartbeat (`hb/<node>`): `<beat> <unix ms> <interval ms>`. Each beat differs from the last (the
-/// neighbours compare values); the time and period let a reader (`muster status`) tell its age. Agents before
-/// the time was added wrote `<beat>` alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A heartbeat (`hb/<node>`): `<beat> <unix ms> <interval ms>[ progress=<rank>:<unix ms>,...]`. Each beat
+/// differs from the last (the neighbours compare values); the time and period let a reader (`muster status`)
+/// tell its age; with hang detection on, each rank's last progress (at most [`MAX_PROGRESS`] ranks). Agents
+/// before the time was added wrote `<beat>` alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
     pub beat: u64,
     /// When it was written, by the writer's clock (milliseconds since the Unix epoch).
     pub at_ms: Option<u64>,
     /// The writer's `keep_alive_interval`.
     pub interval_ms: Option<u64>,
+    /// `(global rank, last progress in unix ms)` of the writer's ranks that showed progress.
+    pub progress: Vec<(u32, u64)>,
 }
+
+/// Ranks a heartbeat carries the progress of: a heartbeat stays a few hundred bytes.
+pub const MAX_PROGRESS: usize = 64;
 
 impl Heartbeat {
     pub(super) fn encode(&self) -> Vec<u8> {
-        match (self.at_ms, self.interval_ms) {
-            (Some(at), Some(every)) => format!("{} {at} {every}", self.beat).into_bytes(),
-            _ => self.beat.to_string().into_bytes(),
+        let mut out = match (self.at_ms, self.interval_ms) {
+            (Some(at), Some(every)) => format!("{} {at} {every}", self.beat),
+            _ => self.beat.to_string(),
+        };
+        if !self.progress.is_empty() && self.at_ms.is_some() {
+            let marks: Vec<String> = self.progress.iter().take(MAX_PROGRESS).map(|(r, ms)| format!("{r}:{ms}")).collect();
+            out.push_str(&format!(" progress={}", marks.join(",")));
         }
+        out.into_bytes()
     }
 
     /// None when it is not a heartbeat at all.
@@ -144,7 +155,18 @@ impl Heartbeat {
         let beat = f.next()?.parse().ok()?;
         let at_ms = f.next().and_then(|v| v.parse().ok());
         let interval_ms = f.next().and_then(|v| v.parse().ok());
-        Some(Heartbeat { beat, at_ms, interval_ms })
+        let progress = f
+            .next()
+            .and_then(|v| v.strip_prefix("progress="))
+            .map(|list| {
+                list.split(',')
+                    .filter_map(|m| m.split_once(':'))
+                    .filter_map(|(r, ms)| Some((r.parse().ok()?, ms.parse().ok()?)))
+                    .take(MAX_PROGRESS)
+                    .collect()
+            })
+            .unwrap_or_default();
+        Some(Heartbeat { beat, at_ms, interval_ms, progress })
     }
 }
 

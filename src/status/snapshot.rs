@@ -96,7 +96,7 @@ impl JobPhase {
 
 /// A node's state: `member` of the sealed round, `age_ms` of its heartbeat against `interval_ms`.
 pub fn node_state(node: &NodeView, member: bool, age_ms: Option<u64>) -> NodeState {
-    let stale = match (age_ms, node.heartbeat.and_then(|h| h.interval_ms)) {
+    let stale = match (age_ms, node.heartbeat.as_ref().and_then(|h| h.interval_ms)) {
         (Some(age), Some(every)) => age > every.saturating_mul(STALE_PERIODS),
         _ => false,
     };
@@ -119,7 +119,7 @@ impl Snapshot {
             Some(_) => JobPhase::Reforming,
         };
         let row = |group_rank: Option<u32>, n: &NodeView| {
-            let age = n.heartbeat.and_then(|h| h.at_ms).map(|at| now_ms.saturating_sub(at));
+            let age = n.heartbeat.as_ref().and_then(|h| h.at_ms).map(|at| now_ms.saturating_sub(at));
             let mut state = node_state(n, group_rank.is_some(), age);
             if phase == JobPhase::Reforming && state == NodeState::Running {
                 state = NodeState::Reforming;
@@ -209,7 +209,7 @@ mod tests {
             alive,
             joining,
             waiting,
-            heartbeat: Some(Heartbeat { beat: 3, at_ms, interval_ms: Some(5000) }),
+            heartbeat: Some(Heartbeat { beat: 3, at_ms, interval_ms: Some(5000), progress: Vec::new() }),
         }
     }
 

@@ -72,6 +72,9 @@ pub const PER_START: &[&str] = &[
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_ERROR_FILE",
     ROUND_ENV,
+    // Hang detection's, in the attempt directory.
+    crate::hang::progress::FILE_VAR,
+    "TORCH_NCCL_DEBUG_INFO_TEMP_FILE",
 ];
 
 /// muster's own addition to the contract: the round (see [`GroupSpec::round`]).

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
 use crate::config::LogConfig;
+use crate::hang::progress::LineWatch;
 use crate::template::safe_substitute;
 
 mod console;
@@ -89,7 +90,7 @@ impl RunLogs {
     /// A fresh directory for one start of the worker group; `attempt_<restart_count>` unless that exists.
     pub fn attempt(&self, restart_count: u32, nproc: u32) -> Result<AttemptLogs, LogError> {
         let Some(run_dir) = &self.run_dir else {
-            return Ok(AttemptLogs { dir: None, filtered_out: None, filtered_err: None });
+            return Ok(AttemptLogs { dir: None, filtered_out: None, filtered_err: None, progress: None });
         };
         let base = format!("attempt_{restart_count}");
         let dir = (0..)
@@ -111,6 +112,7 @@ impl RunLogs {
             filtered_out: filtered("filtered_stdout.log", &self.config.duplicate_stdout_filters)?,
             filtered_err: filtered("filtered_stderr.log", &self.config.duplicate_stderr_filters)?,
             dir: Some(dir),
+            progress: None,
         })
     }
 }
@@ -123,6 +125,8 @@ pub struct AttemptLogs {
     dir: Option<PathBuf>,
     filtered_out: Option<SharedFile>,
     filtered_err: Option<SharedFile>,
+    /// Where this start's progress marks go (hang detection on).
+    progress: Option<crate::hang::progress::Hooks>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,6 +154,9 @@ pub enum StreamPlan {
     File(File),
     /// Through the agent: a pipe whose read end feeds its file and, when shown, the console with a prefix.
     Tee { sink: TeeSink, read: File, write: Option<OwnedFd> },
+    /// Read for `--progress-pattern`: a pipe whose bytes go on unchanged to where the stream went without
+    /// it (the agent's own stream, its file, or nowhere).
+    Watched { to: Option<File>, watch: LineWatch, read: File, write: Option<OwnedFd> },
 }
 
 impl StreamPlan {
@@ -164,21 +171,75 @@ impl StreamPlan {
             .or_else(|_| dev_null()),
             StreamPlan::Null => dev_null(),
             StreamPlan::File(f) => f.try_clone().map(OwnedFd::from),
-            StreamPlan::Tee { write, .. } => write.take().map_or_else(dev_null, Ok),
+            StreamPlan::Tee { write, .. } | StreamPlan::Watched { write, .. } => write.take().map_or_else(dev_null, Ok),
         }
     }
 
     /// For a tee'd stream, starts the thread that drains the pipe; the returned channel fires at EOF.
     /// Call after the worker is spawned, so the agent holds no write end of the pipe any more.
     pub fn start_pump(self) -> Option<oneshot::Receiver<()>> {
-        let StreamPlan::Tee { sink, read, .. } = self else { return None };
         let (done, rx) = oneshot::channel();
-        std::thread::spawn(move || {
-            sink.pump(read);
-            let _ = done.send(());
-        });
+        match self {
+            StreamPlan::Tee { sink, read, .. } => std::thread::spawn(move || {
+                sink.pump(read);
+                let _ = done.send(());
+            }),
+            StreamPlan::Watched { to, watch, read, .. } => std::thread::spawn(move || {
+                pass_through(read, to, &watch);
+                let _ = done.send(());
+            }),
+            _ => return None,
+        };
         Some(rx)
     }
+
+    /// This plan with its output read for `watch` on the way: the same bytes reach the same place.
+    fn watched(self, stream: Stream, watch: Option<LineWatch>) -> Result<StreamPlan, LogError> {
+        let Some(watch) = watch else { return Ok(self) };
+        let to = match self {
+            StreamPlan::Tee { mut sink, read, write } => {
+                sink.watch = Some(watch);
+                return Ok(StreamPlan::Tee { sink, read, write });
+            }
+            StreamPlan::Watched { .. } => return Ok(self),
+            StreamPlan::Inherit => {
+                let own = match stream {
+                    Stream::Out => std::io::stdout().as_fd().try_clone_to_owned(),
+                    Stream::Err => std::io::stderr().as_fd().try_clone_to_owned(),
+                };
+                own.ok().map(File::from)
+            }
+            StreamPlan::Null => None,
+            StreamPlan::File(f) => Some(f),
+        };
+        let (read, write) = pipe()?;
+        Ok(StreamPlan::Watched { to, watch, read: File::from(read), write: Some(write) })
+    }
+}
+
+/// A pipe for a worker's stream; O_CLOEXEC: only the worker it is for gets the write end.
+fn pipe() -> Result<(OwnedFd, OwnedFd), LogError> {
+    nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| LogError::Pipe(std::io::Error::from(e)))
+}
+
+/// Copies `pipe` to `to` unchanged until EOF, showing each line to `watch`. A console that is gone makes
+/// the copy stop, not the reading (the worker must never block on a full pipe).
+fn pass_through(mut pipe: impl Read, mut to: Option<File>, watch: &LineWatch) {
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut lines = Lines::default();
+    loop {
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        if to.as_mut().is_some_and(|f| f.write_all(&buf[..n]).is_err()) {
+            to = None;
+        }
+        lines.feed(&buf[..n], |line| watch.see(line));
+    }
+    lines.finish(|line| watch.see(line));
 }
 
 /// `/dev/null` for reading and writing.
@@ -194,6 +255,8 @@ pub struct TeeSink {
     console: Option<console::Feed>,
     filters: Vec<String>,
     filtered: Option<SharedFile>,
+    /// `--progress-pattern`, when on.
+    watch: Option<LineWatch>,
 }
 
 /// Identity of a worker for prefixes and paths.
@@ -215,8 +278,22 @@ impl AttemptLogs {
         self.dir.as_deref()
     }
 
-    /// Decides how `stream` of one worker is wired, opening (truncating) its file if it has one.
-    pub fn plan(&self, logs: &LogConfig, tag: &WorkerTag, stream: Stream) -> Result<StreamPlan, LogError> {
+    /// This start's workers report progress to `hooks`.
+    pub fn with_progress(self, hooks: crate::hang::progress::Hooks) -> AttemptLogs {
+        AttemptLogs { progress: Some(hooks), ..self }
+    }
+
+    pub fn progress(&self) -> Option<&crate::hang::progress::Hooks> {
+        self.progress.as_ref()
+    }
+
+    /// Decides how `stream` of one worker is wired, opening (truncating) its file if it has one; with
+    /// `watch`, its lines are read for progress on the way.
+    pub fn plan(&self, logs: &LogConfig, tag: &WorkerTag, stream: Stream, watch: Option<LineWatch>) -> Result<StreamPlan, LogError> {
+        self.plan_unwatched(logs, tag, stream)?.watched(stream, watch)
+    }
+
+    fn plan_unwatched(&self, logs: &LogConfig, tag: &WorkerTag, stream: Stream) -> Result<StreamPlan, LogError> {
         let pick = |s: crate::config::Std| if stream == Stream::Out { s.out } else { s.err };
         let redirected = pick(logs.redirected(tag.local_rank));
         let teed = pick(logs.tee.for_rank(tag.local_rank));
@@ -239,12 +316,10 @@ impl AttemptLogs {
                     Stream::Out => (&logs.duplicate_stdout_filters, self.filtered_out.clone()),
                     Stream::Err => (&logs.duplicate_stderr_filters, self.filtered_err.clone()),
                 };
-                // O_CLOEXEC: only the worker this is for gets the write end (as its stdout or stderr).
-                let (read, write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
-                    .map_err(|e| LogError::Pipe(std::io::Error::from(e)))?;
+                let (read, write) = pipe()?;
                 let console = on_console.then(|| console::Feed::new(stream, tag.local_rank, file.is_some()));
                 StreamPlan::Tee {
-                    sink: TeeSink { file, header: header(logs, tag), console, filters: filters.clone(), filtered },
+                    sink: TeeSink { file, header: header(logs, tag), console, filters: filters.clone(), filtered, watch: None },
                     read: File::from(read),
                     write: Some(write),
                 }
@@ -299,6 +374,9 @@ impl TeeSink {
     /// One line, with or without its newline (the last before EOF, or a piece of an over-long line, has
     /// none): to the console and, when it matches a filter, to the filtered file, both with the header.
     fn line(&mut self, line: &[u8]) {
+        if let Some(watch) = &self.watch {
+            watch.see(line);
+        }
         let text = String::from_utf8_lossy(line);
         let newline: &[u8] = if text.ends_with('\n') { b"" } else { b"\n" };
         let parts = [self.header.as_bytes(), text.as_bytes(), newline];

@@ -182,7 +182,11 @@ impl WorkerGroup {
             }
         }
         spares.clear();
-        group.timer = fifo.map(|f| f.serve(group.workers.iter().map(|w| w.pid).collect()));
+        let marks = attempt.progress().map(|h| {
+            let ranks = group.workers.iter().map(|w| (w.pid, h.progress.marker(w.local_rank))).collect();
+            timer::Marks { ranks }
+        });
+        group.timer = fifo.map(|f| f.serve(group.workers.iter().map(|w| w.pid).collect(), marks));
         if warm > 0 {
             tracing::info!("{warm} of {} worker(s) started from warm spares", spec.local_world_size);
         }
@@ -204,9 +208,14 @@ impl WorkerGroup {
         if let Some(path) = ctx.timer_file {
             env.push((timer::FILE_VAR.to_string(), path.display().to_string()));
         }
+        let hooks = ctx.attempt.progress();
+        if let Some(file) = hooks.and_then(|h| h.files.get(local_rank as usize)) {
+            env.push((crate::hang::progress::FILE_VAR.to_string(), file.display().to_string()));
+        }
         let global_rank = spec.global_rank(local_rank);
         let tag = WorkerTag { role: &spec.role, local_rank, global_rank, hostname: ctx.hostname };
-        let [out, err] = [Stream::Out, Stream::Err].map(|s| ctx.attempt.plan(ctx.log_config, &tag, s));
+        let watch = || hooks.and_then(|h| h.line_watch(local_rank));
+        let [out, err] = [Stream::Out, Stream::Err].map(|s| ctx.attempt.plan(ctx.log_config, &tag, s, watch()));
         let (mut out, mut err) = (out?, err?);
         let args: Vec<String> =
             entry.args.iter().map(|a| safe_substitute(a, &[("local_rank", &local_rank.to_string())])).collect();
@@ -282,6 +291,15 @@ impl WorkerGroup {
 
     pub fn pids(&self) -> Vec<i32> {
         self.workers.iter().map(|w| w.pid).collect()
+    }
+
+    /// The running workers, for reading their stacks.
+    pub fn targets(&self) -> Vec<crate::hang::capture::Target> {
+        self.workers
+            .iter()
+            .filter(|w| w.running)
+            .map(|w| crate::hang::capture::Target { rank: w.global_rank, local_rank: w.local_rank, pid: w.pid })
+            .collect()
     }
 
     fn record(&mut self, exit: Option<Exit>) {

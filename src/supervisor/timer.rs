@@ -182,9 +182,10 @@ impl Fifo {
         &self.path
     }
 
-    /// Acts on the requests of processes in `sessions` (the workers' session ids) until dropped.
-    pub fn serve(self, sessions: HashSet<i32>) -> FileTimer {
-        let task = tokio::spawn(serve(self.receiver, sessions));
+    /// Acts on the requests of processes in `sessions` (the workers' session ids) until dropped; with
+    /// `marks`, a worker's request is also a sign of its progress.
+    pub fn serve(self, sessions: HashSet<i32>, marks: Option<Marks>) -> FileTimer {
+        let task = tokio::spawn(serve(self.receiver, sessions, marks));
         FileTimer { path: Some(self.path), task: task.abort_handle() }
     }
 }
@@ -213,7 +214,12 @@ impl Drop for FileTimer {
     }
 }
 
-async fn serve(mut receiver: pipe::Receiver, sessions: HashSet<i32>) {
+/// Each worker's progress marker by its pid (hang detection on).
+pub struct Marks {
+    pub ranks: std::collections::HashMap<i32, crate::hang::progress::Marker>,
+}
+
+async fn serve(mut receiver: pipe::Receiver, sessions: HashSet<i32>, marks: Option<Marks>) {
     let mut timers = Timers::default();
     let mut lines = Lines::default();
     let mut buf = vec![0u8; 8192];
@@ -229,7 +235,12 @@ async fn serve(mut receiver: pipe::Receiver, sessions: HashSet<i32>) {
                 Ok(n) => {
                     for line in lines.push(&buf[..n]) {
                         match serde_json::from_slice::<TimerRequest>(&line) {
-                            Ok(request) => timers.register(request),
+                            Ok(request) => {
+                                if let Some(m) = marks.as_ref().and_then(|m| m.ranks.get(&request.pid)) {
+                                    m.mark();
+                                }
+                                timers.register(request)
+                            }
                             Err(e) => tracing::warn!(
                                 "file timer: ignored a request that is not a timer request ({e}): {}",
                                 String::from_utf8_lossy(&line).trim_end()
