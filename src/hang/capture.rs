@@ -119,11 +119,9 @@ pub async fn capture_all(targets: &[Target], bound: Duration) -> Vec<Capture> {
         .iter()
         .map(|&target| {
             let (tx, rx) = tokio::sync::oneshot::channel();
-            let spawned = std::thread::Builder::new()
-                .name(format!("muster-stack-{}", target.rank))
-                .spawn(move || {
-                    let _ = tx.send(capture(target));
-                });
+            let spawned = std::thread::Builder::new().name(format!("muster-stack-{}", target.rank)).spawn(move || {
+                let _ = tx.send(capture(target));
+            });
             (target, spawned.ok().map(|_| rx))
         })
         .collect();
@@ -214,7 +212,22 @@ mod tests {
 
     #[test]
     fn the_state_is_read_past_a_command_with_spaces_and_parentheses() {
-        assert_eq!(proc_state(std::process::id() as i32).as_deref(), Some("R"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let odd = dir.path().join("a) (b");
+        std::fs::copy("/bin/sleep", &odd).expect("copy sleep");
+        let mut child = std::process::Command::new(&odd).arg("30").spawn().expect("spawn");
+        let pid = child.id() as i32;
+        let mut state = None;
+        for _ in 0..500 {
+            state = proc_state(pid);
+            if state.as_deref() == Some("S") {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(state.as_deref(), Some("S"));
         assert_eq!(proc_state(-1), None);
     }
 

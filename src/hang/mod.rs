@@ -37,6 +37,10 @@ pub const ENDPOINT_BOUND: Duration = Duration::from_millis(800);
 const SUMMARY_WAIT: Duration = Duration::from_secs(4);
 /// How long a node waits for group rank 0's verdict before judging alone.
 const VERDICT_WAIT: Duration = Duration::from_secs(9);
+/// How often the local ranks are looked at: the progress files' modification times are read this often,
+/// so that the gap between two marks is measured to within it (the verdict compares ranks' last marks with
+/// half a typical gap).
+pub const CHECK_EVERY: Duration = Duration::from_millis(50);
 /// Frames of the main thread a summary carries.
 const SUMMARY_FRAMES: usize = 3;
 
@@ -134,7 +138,9 @@ impl Monitor {
 
     /// This node's ranks' last progress, for its heartbeat.
     fn beat_note(&self) -> Vec<(u32, u64)> {
-        let Some(armed) = &self.armed else { return Vec::new() };
+        let Some(armed) = &self.armed else {
+            return Vec::new();
+        };
         let snap = armed.progress.snapshot();
         snap.iter().zip(&armed.targets).filter_map(|(p, t)| p.last_ms.map(|ms| (t.rank, ms))).collect()
     }
@@ -145,7 +151,6 @@ impl Monitor {
         if self.armed.is_none() {
             return std::future::pending().await;
         }
-        let tick = (self.cfg.timeout / 20).clamp(Duration::from_millis(100), Duration::from_secs(1));
         loop {
             if let Some(b) = board {
                 if self.round != Some(b.round) || self.events.is_none() {
@@ -159,7 +164,7 @@ impl Monitor {
                 }
             };
             tokio::select! {
-                () = tokio::time::sleep(tick) => {
+                () = tokio::time::sleep(CHECK_EVERY) => {
                     if let Some(n) = self.check(board, note).await {
                         return self.handle(n, board).await;
                     }
@@ -222,69 +227,89 @@ impl Monitor {
     /// Captures, summarises and judges incident `n`.
     async fn handle<S: Store>(&mut self, n: u64, board: Option<&HangBoard<S>>) -> Found {
         self.known = n;
-        let Some(armed) = self.armed.as_ref() else { return std::future::pending().await };
+        let Some(armed) = self.armed.as_ref() else {
+            return std::future::pending().await;
+        };
         let snap = armed.progress.snapshot();
         self.covered = snap.iter().map(|r| r.last_ms).collect();
         let captures = capture::capture_all(&armed.targets, CAPTURE_BOUND).await;
         let dir = armed.attempt_dir.as_ref().map(|d| stacks_dir(d, self.captures));
         self.captures += 1;
         self.say_denied_once(&captures);
-        let Some(armed) = self.armed.as_ref() else { return std::future::pending().await };
+        let Some(armed) = self.armed.as_ref() else {
+            return std::future::pending().await;
+        };
         if let Some(dir) = &dir {
             write_stacks(dir.clone(), captures.clone()).await;
         }
         let group_rank = board.map(|b| b.group_rank).unwrap_or(0);
-        let mine: Vec<RankSummary> = captures
-            .iter()
-            .zip(&snap)
-            .map(|(c, p)| summary(c, p, &armed.hostname, group_rank))
-            .collect();
-        let timeout_ms = self.cfg.timeout.as_millis() as u64;
-        let judge_here = |ranks: &[RankSummary]| verdict::judge(ranks, unix_ms(SystemTime::now()), timeout_ms, &clock);
-        let (verdict, judged) = match board {
-            None => (judge_here(&mine), true),
-            Some(b) => {
-                let bytes = serde_json::to_vec(&mine).unwrap_or_default();
-                if let Err(e) = b.put_summary(n, &bytes).await {
-                    tracing::debug!("hang board: cannot hand in this node's summary: {e}");
-                }
-                if b.group_rank == 0 {
-                    let all = gather(b, n).await;
-                    (judge_here(if all.is_empty() { &mine } else { &all }), true)
-                } else {
-                    match b.verdict(n, VERDICT_WAIT).await.ok().flatten().and_then(|v| serde_json::from_slice::<Verdict>(&v).ok()) {
-                        Some(v) => (v, false),
-                        None => {
-                            tracing::warn!("group rank 0 gave no verdict on hang {n} within {VERDICT_WAIT:?}; judging this node's ranks alone");
-                            (judge_here(&mine), true)
-                        }
-                    }
-                }
-            }
-        };
-        let here = mine.iter().any(|r| verdict.suspects.contains(&r.rank));
-        if judged {
+        let mine: Vec<RankSummary> =
+            captures.iter().zip(&snap).map(|(c, p)| summary(c, p, &armed.hostname, group_rank)).collect();
+        let (verdict, judged_on) = self.verdict(n, board, &mine).await;
+        if let Some(ranks) = &judged_on {
             tracing::warn!("{}", verdict.line);
-            self.report(n, &verdict, board, &mine).await;
+            self.report(n, &verdict, board, ranks).await;
         }
-        Found { incident: n, verdict, here, judged, stacks: dir }
+        let here = mine.iter().any(|r| verdict.suspects.contains(&r.rank));
+        Found { incident: n, verdict, here, judged: judged_on.is_some(), stacks: dir }
+    }
+
+    /// Hands this node's summaries in and returns the verdict: group rank 0's own on every node's summaries
+    /// (which it returns with it), the one it published, or, if none comes in time, this node's own.
+    async fn verdict<S: Store>(
+        &self,
+        n: u64,
+        board: Option<&HangBoard<S>>,
+        mine: &[RankSummary],
+    ) -> (Verdict, Option<Vec<RankSummary>>) {
+        let timeout_ms = self.cfg.timeout.as_millis() as u64;
+        let judge = |ranks: Vec<RankSummary>| {
+            (verdict::judge(&ranks, unix_ms(SystemTime::now()), timeout_ms, &clock), Some(ranks))
+        };
+        let Some(b) = board else {
+            return judge(mine.to_vec());
+        };
+        if let Err(e) = b.put_summary(n, &serde_json::to_vec(mine).unwrap_or_default()).await {
+            tracing::debug!("hang board: cannot hand in this node's summary: {e}");
+        }
+        if b.group_rank == 0 {
+            let all = gather(b, n).await;
+            return judge(if all.is_empty() { mine.to_vec() } else { all });
+        }
+        match b.verdict(n, VERDICT_WAIT).await.ok().flatten().and_then(|v| serde_json::from_slice::<Verdict>(&v).ok()) {
+            Some(v) => (v, None),
+            None => {
+                tracing::warn!(
+                    "group rank 0 gave no verdict on hang {n} within {VERDICT_WAIT:?}; judging this node's ranks alone"
+                );
+                judge(mine.to_vec())
+            }
+        }
     }
 
     /// Group rank 0's side after judging: the verdict to the board and `hang_report.json`.
-    async fn report<S: Store>(&mut self, n: u64, verdict: &Verdict, board: Option<&HangBoard<S>>, mine: &[RankSummary]) {
+    async fn report<S: Store>(
+        &mut self,
+        n: u64,
+        verdict: &Verdict,
+        board: Option<&HangBoard<S>>,
+        ranks: &[RankSummary],
+    ) {
         if let Some(b) = board.filter(|b| b.group_rank == 0) {
             if let Err(e) = b.put_verdict(n, &serde_json::to_vec(verdict).unwrap_or_default()).await {
                 tracing::debug!("hang board: cannot publish the verdict: {e}");
             }
         }
-        let Some(run_dir) = self.armed.as_ref().and_then(|a| a.run_dir.clone()) else { return };
+        let Some(run_dir) = self.armed.as_ref().and_then(|a| a.run_dir.clone()) else {
+            return;
+        };
         self.reports.push(json!({
             "incident": n,
             "at": chrono::Local::now().to_rfc3339(),
             "round": board.map(|b| b.round),
             "hang_timeout_s": self.cfg.timeout.as_secs_f64(),
             "verdict": verdict,
-            "this_node": mine,
+            "ranks": ranks,
         }));
         let body = serde_json::to_vec_pretty(&self.reports).unwrap_or_default();
         let path = run_dir.join("hang_report.json");
@@ -300,7 +325,12 @@ impl Monitor {
         }
         if let Some(c) = captures.iter().find(|c| c.threads == Err(CaptureError::Denied)) {
             self.denied_said = true;
-            tracing::warn!("cannot read the workers' Python stacks (rank {}, pid {}): {}", c.target.rank, c.target.pid, CaptureError::Denied);
+            tracing::warn!(
+                "cannot read the workers' Python stacks (rank {}, pid {}): {}",
+                c.target.rank,
+                c.target.pid,
+                CaptureError::Denied
+            );
         }
     }
 }
@@ -311,7 +341,10 @@ async fn gather<S: Store>(board: &HangBoard<S>, n: u64) -> Vec<RankSummary> {
         Ok(all) => {
             let got = all.len();
             if got < board.group_world_size as usize {
-                tracing::warn!("hang {n}: {got} of {} nodes handed in their ranks' summaries in time", board.group_world_size);
+                tracing::warn!(
+                    "hang {n}: {got} of {} nodes handed in their ranks' summaries in time",
+                    board.group_world_size
+                );
             }
             all.iter().filter_map(|b| serde_json::from_slice::<Vec<RankSummary>>(b).ok()).flatten().collect()
         }
@@ -332,7 +365,10 @@ fn summary(c: &Capture, p: &progress::RankProgress, node: &str, group_rank: u32)
         marks: p.marks,
         gap_ms: p.gap_ms,
         state: c.state.clone(),
-        frames: c.main_thread().map(|t| t.frames.iter().take(SUMMARY_FRAMES).map(SummaryFrame::from).collect()).unwrap_or_default(),
+        frames: c
+            .main_thread()
+            .map(|t| t.frames.iter().take(SUMMARY_FRAMES).map(SummaryFrame::from).collect())
+            .unwrap_or_default(),
         error: c.threads.as_ref().err().map(|e| e.to_string()),
     }
 }

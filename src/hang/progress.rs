@@ -81,7 +81,9 @@ impl Progress {
     /// A file touched since the last poll is a mark at its modification time.
     pub fn poll_files(&self) {
         for (rank, (path, seen)) in self.files.iter().enumerate() {
-            let Ok(mtime) = std::fs::metadata(path).and_then(|m| m.modified()) else { continue };
+            let Ok(mtime) = std::fs::metadata(path).and_then(|m| m.modified()) else {
+                continue;
+            };
             let Ok(mut seen) = seen.lock() else { continue };
             if seen.is_some_and(|s| mtime <= s) {
                 continue;
@@ -172,7 +174,10 @@ pub fn hung(now_ms: u64, ranks: &[RankProgress], timeout_ms: u64, covered: &[Opt
     ranks
         .iter()
         .filter(|r| match r.last_ms {
-            Some(last) => now_ms.saturating_sub(last) >= timeout_ms && covered.get(r.local_rank as usize).copied().flatten() != Some(last),
+            Some(last) => {
+                now_ms.saturating_sub(last) >= timeout_ms
+                    && covered.get(r.local_rank as usize).copied().flatten() != Some(last)
+            }
             None => false,
         })
         .map(|r| r.local_rank)

@@ -88,7 +88,7 @@ pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn
     Verdict {
         kind: Kind::JobWide,
         suspects: ranks.iter().map(|r| r.rank).collect(),
-        line: format!("hang: job-wide: no rank made progress since {since}; {}", groups(&all, "in")),
+        line: format!("hang: job-wide: no rank made progress since {since}; {}", every(groups(&all, "in"))),
     }
 }
 
@@ -106,7 +106,11 @@ fn blame(kind: Kind, suspects: &[&RankSummary], rest: &str, clock: &dyn Fn(u64) 
             )
         })
         .collect();
-    Verdict { kind, suspects: suspects.iter().map(|r| r.rank).collect(), line: format!("hang: {}; {rest}", each.join("; ")) }
+    Verdict {
+        kind,
+        suspects: suspects.iter().map(|r| r.rank).collect(),
+        line: format!("hang: {}; {rest}", each.join("; ")),
+    }
 }
 
 /// The median of the ranks' typical gaps between marks.
@@ -157,6 +161,15 @@ fn groups(ranks: &[&RankSummary], verb: &str) -> String {
         })
         .collect();
     text.join("; ")
+}
+
+/// `in all_reduce (...)` (one group, every rank) reads as `every rank in all_reduce (...)`.
+fn every(groups: String) -> String {
+    if groups.starts_with("in ") {
+        format!("every rank {groups}")
+    } else {
+        groups
+    }
 }
 
 fn count(n: usize) -> String {
@@ -215,7 +228,8 @@ mod tests {
 
     #[test]
     fn verdicts() {
-        let reduce = || frame("all_reduce", "distributed_c10d.py", 2501, Some("work = group.allreduce([tensor], opts)"));
+        let reduce =
+            || frame("all_reduce", "distributed_c10d.py", 2501, Some("work = group.allreduce([tensor], opts)"));
         let sleep = || frame("train_step", "hang_train.py", 88, Some("time.sleep(3600)"));
         let lock = || frame("wait_lock", "hang_train.py", 70, Some("LOCK.acquire()"));
         // (ranks, now, kind, suspects, line)
@@ -253,7 +267,7 @@ mod tests {
                 12_000,
                 Kind::JobWide,
                 vec![0, 1],
-                "hang: job-wide: no rank made progress since t1001; in all_reduce (distributed_c10d.py:2501)",
+                "hang: job-wide: no rank made progress since t1001; every rank in all_reduce (distributed_c10d.py:2501)",
             ),
         ];
         for (ranks, now, kind, suspects, line) in cases {

@@ -222,7 +222,7 @@ mod tests {
         assert_eq!(v.members.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), order);
         let bb = v.members.iter().find(|m| m.id == "bb").expect("bb");
         assert_eq!((bb.addr.as_deref(), bb.nproc, bb.restarts), (Some("10.0.0.2"), Some(2), Some(2)));
-        assert!(v.members.iter().all(|m| m.alive && !m.joining && !m.waiting && m.heartbeat.is_some_and(|h| h.at_ms.is_some())));
+        assert!(v.members.iter().all(|m| m.alive && !m.joining && !m.waiting && m.heartbeat.as_ref().is_some_and(|h| h.at_ms.is_some())));
         assert!(v.others.is_empty());
 
         // A fourth node finds the group full: a spare.

@@ -393,7 +393,7 @@ mod tests {
         let mut outsider = std::process::Command::new("sleep").arg("1000").spawn().unwrap();
         let member_sid = nix::unistd::getsid(Some(Pid::from_raw(member.id() as i32))).unwrap().as_raw();
         let fifo = Fifo::create(&path).unwrap();
-        let timer = fifo.serve(HashSet::from([member_sid]));
+        let timer = fifo.serve(HashSet::from([member_sid]), None);
         let now = epoch_now();
         let mut client = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         for pid in [outsider.id(), member.id()] {
