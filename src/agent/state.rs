@@ -214,8 +214,8 @@ pub enum Op {
 pub enum Grace {
     /// `--shutdown-timeout`: the workers may be checkpointing.
     Shutdown,
-    /// `membership_grace`: a peer is gone, so no collective (nor a collective checkpoint) can complete;
-    /// workers blocked in one ignore SIGTERM, and waiting for them only delays the re-formation.
+    /// `membership_grace`: a peer is gone or hung, so no collective (nor a collective checkpoint) can
+    /// complete; workers blocked in one ignore SIGTERM, and waiting for them only delays the re-formation.
     Membership,
     /// This node fenced itself: what is left of the margin before the others may evict it.
     Fenced,
@@ -317,7 +317,10 @@ impl State {
             Phase::Running => Op::Watch,
             Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
             Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
-            Phase::Stopping(Cause::Membership(_)) => Op::Stop(Signal::SIGTERM, Grace::Membership),
+            // A hung collective cannot complete, so neither can a checkpoint that needs one.
+            Phase::Stopping(Cause::Membership(_) | Cause::Restart { hang: true, .. }) => {
+                Op::Stop(Signal::SIGTERM, Grace::Membership)
+            }
             Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
             Phase::Reforming { open } => Op::Reform { open: *open },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
-use super::state::{step, Cause, Effect, End, Input, Job, Op, Phase, State, Verdict};
+use super::state::{step, Cause, Effect, End, Grace, Input, Job, Op, Phase, State, Verdict};
 use super::AgentError;
 use crate::gpu::health::Fault;
 use crate::gpu::xid::{Action, FaultKind};
@@ -65,6 +65,7 @@ fn inputs() -> Vec<(&'static str, Input)> {
         ("drained", Input::Drained),
         ("finished", Input::Finished),
         ("failed", Input::Failed(AgentError::Internal("boom".into()))),
+        ("hung", hung(true)),
     ]
 }
 
@@ -125,6 +126,9 @@ fn expected(phase: &str, input: &str) -> &'static str {
             p => name_of(p),
         },
         (p, "xid-ignored") => name_of(p),
+        // A hang found as the group stops or re-forms changes nothing; outside those it is a bug.
+        ("running", "hung") => "stopping:restart",
+        (p, "hung") if p.starts_with("stopping") || matches!(p, "joining" | "starting" | "reforming") => name_of(p),
         // A notice never changes the phase (running workers get it, see the effects check).
         (p, "notice") => name_of(p),
         ("joining", "joined") => "starting",
@@ -359,6 +363,49 @@ fn a_worker_failure_behind_a_membership_change_spends_no_restart() {
         assert!(matches!(state.phase, Phase::Reforming { open: o } if o == open), "{change:?}: {:?}", state.phase);
         assert_eq!(state.restart_count, 0, "{change:?}");
     }
+}
+
+fn hung(here: bool) -> Input {
+    let verdict = crate::hang::verdict::Verdict {
+        kind: crate::hang::verdict::Kind::StoppedFirst,
+        suspects: vec![3],
+        line: "hang: rank 3".into(),
+    };
+    Input::Hung(Box::new(crate::hang::Found { incident: 1, verdict, here, judged: !here, stacks: None }))
+}
+
+#[test]
+fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported() {
+    use crate::config::OnHang;
+    // (on-hang, suspect here, phase after the hang, op, phase once stopped, restarts spent)
+    let table = [
+        (OnHang::Restart, true, "stopping", Some(Grace::Membership), "restarting", 1),
+        (OnHang::Restart, false, "stopping", Some(Grace::Membership), "restarting", 0),
+        (OnHang::Report, true, "running", None, "running", 0),
+        (OnHang::Report, false, "running", None, "running", 0),
+    ];
+    for (on_hang, here, after, grace, stopped, spent) in table {
+        let case = format!("{on_hang:?} here={here}");
+        let mut state = State::new(Job { on_hang, ..job() });
+        state.phase = Phase::Running;
+        run(&mut state, vec![hung(here)]);
+        assert_eq!(state.phase_name(), after, "{case}");
+        match grace {
+            Some(g) => assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, g), "{case}"),
+            None => assert_eq!(state.op(), Op::Watch, "{case}"),
+        }
+        if grace.is_some() {
+            run(&mut state, vec![Input::Stopped(vec![failure(3)])]);
+            assert!(matches!(state.phase, Phase::Reforming { open: true }), "{case}: {:?}", state.phase);
+        }
+        assert_eq!(state.phase_name(), stopped, "{case}");
+        assert_eq!(state.restart_count, spent, "{case}");
+    }
+    // The last restart spent on a hang ends the job as a failure, the stopped workers its summary.
+    let mut state = State::new(Job { max_restarts: 0, ..job() });
+    state.phase = Phase::Running;
+    run(&mut state, vec![hung(true), Input::Stopped(vec![failure(3)])]);
+    assert!(matches!(&state.phase, Phase::Finishing(End::Failed(f)) if f.len() == 1), "{:?}", state.phase);
 }
 
 #[test]

@@ -28,6 +28,8 @@ pub struct JobView {
     pub members: Vec<NodeView>,
     /// Nodes outside the sealed round: joiners of the open round and spares waiting for the next one.
     pub others: Vec<NodeView>,
+    /// The last hang verdict (its line), when hang detection found one.
+    pub last_hang: Option<String>,
 }
 
 /// One node as the store knows it.
@@ -111,9 +113,16 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
         sealed_round: sealed.map(|(r, _)| r),
         members,
         others,
+        last_hang: last_hang(store.get(&key(super::board::LAST_KEY)).await?),
     };
     read_heartbeats(store, &prefix, &mut view).await?;
     Ok(Some(view))
+}
+
+/// The line of the last verdict group rank 0 published (see `board.rs`).
+fn last_hang(v: Option<Vec<u8>>) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_slice(&v?).ok()?;
+    v["line"].as_str().map(str::to_string)
 }
 
 /// The records under `prefix` (one round's `m/`), by node id; a node's first slot wins, as the sealer's.

@@ -24,6 +24,8 @@ pub struct Snapshot {
     pub world_size: u32,
     /// Members in group-rank order, then the nodes outside the sealed round.
     pub nodes: Vec<Row>,
+    /// The last hang verdict, when hang detection found one.
+    pub last_hang: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -50,6 +52,8 @@ pub struct Row {
     pub restarts: Option<u32>,
     /// None when the node never beat or beats without a time (an older agent).
     pub heartbeat_age_ms: Option<u64>,
+    /// How long ago the node's least recently progressing rank showed progress (hang detection on).
+    pub progress_age_ms: Option<u64>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -132,6 +136,11 @@ impl Snapshot {
                 state,
                 restarts: n.restarts,
                 heartbeat_age_ms: age,
+                progress_age_ms: n
+                    .heartbeat
+                    .as_ref()
+                    .and_then(|h| h.progress.iter().map(|(_, ms)| *ms).min())
+                    .map(|ms| now_ms.saturating_sub(ms)),
             }
         };
         let mut nodes: Vec<Row> = view.members.iter().enumerate().map(|(rank, n)| row(Some(rank as u32), n)).collect();
@@ -146,6 +155,7 @@ impl Snapshot {
             phase,
             world_size: view.members.iter().filter_map(|m| m.nproc).sum(),
             nodes,
+            last_hang: view.last_hang.clone(),
         }
     }
 
@@ -166,21 +176,33 @@ impl Snapshot {
             self.script,
             self.nnodes
         );
+        if let Some(line) = &self.last_hang {
+            out.push_str(&format!("last {line}\n"));
+        }
         let dash = || "-".to_string();
         let opt = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
-        let mut rows = vec![["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "HEARTBEAT"].map(String::from)];
+        let ago = |ms: Option<u64>| ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
+        // The progress column only where hang detection reports progress.
+        let progress = self.nodes.iter().any(|r| r.progress_age_ms.is_some());
+        let head = ["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "HEARTBEAT", "PROGRESS"];
+        let columns = if progress { 8 } else { 7 };
+        let mut rows = vec![head[..columns].iter().map(|h| h.to_string()).collect::<Vec<String>>()];
         rows.extend(self.nodes.iter().map(|r| {
-            [
+            let mut row = vec![
                 opt(r.group_rank),
                 r.node.clone(),
                 r.addr.clone().unwrap_or_else(dash),
                 opt(r.nproc),
                 r.state.name().to_string(),
                 opt(r.restarts),
-                r.heartbeat_age_ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0)),
-            ]
+                ago(r.heartbeat_age_ms),
+                ago(r.progress_age_ms),
+            ];
+            row.truncate(columns);
+            row
         }));
-        let widths: Vec<usize> = (0..7).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
+        let widths: Vec<usize> =
+            (0..columns).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
         for r in &rows {
             let cells: Vec<String> = r.iter().zip(&widths).map(|(cell, w)| format!("{cell:<w$}")).collect();
             out.push_str(cells.join("  ").trim_end());
@@ -223,7 +245,24 @@ mod tests {
             sealed_round: sealed,
             members,
             others,
+            last_hang: None,
         }
+    }
+
+    #[test]
+    fn progress_and_the_last_hang_show_when_hang_detection_reports_them() {
+        let mut a = node("a_1_0", true, false, false, Some(9_000));
+        if let Some(h) = a.heartbeat.as_mut() {
+            h.progress = vec![(0, 7_000), (1, 8_000)];
+        }
+        let mut view = job(vec![a, node("b_2_0", true, false, false, Some(9_000))], vec![], 2, Some(2));
+        view.last_hang = Some("hang: rank 3 (node b) made no progress since 12:00:00".into());
+        let table = Snapshot::from_view(&view, "h:1", 10_000).table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[1], "last hang: rank 3 (node b) made no progress since 12:00:00");
+        assert_eq!(lines[2], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT  PROGRESS");
+        assert_eq!(lines[3], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago   3.0s ago");
+        assert_eq!(lines[4], "1           b_2_0  10.0.0.1  2      running  1         1.0s ago   -");
     }
 
     #[test]
