@@ -402,9 +402,8 @@ pub async fn write_stacks(dir: PathBuf, captures: Vec<Capture>) {
         Ok(())
     })
     .await;
-    match written {
-        Ok(Ok(())) => tracing::info!("stacks written to {shown}"),
-        Ok(Err(e)) => tracing::warn!("cannot write the stacks to {shown}: {e}"),
+    match written.map_err(|e| e.to_string()).and_then(|r| r.map_err(|e| e.to_string())) {
+        Ok(()) => tracing::info!("stacks written to {shown}"),
         Err(e) => tracing::warn!("cannot write the stacks to {shown}: {e}"),
     }
 }
