@@ -5,7 +5,10 @@
 #   job     a one-worker job (`--no-python`, no torch needed) runs with the watcher on and gets the planned
 #           CUDA_VISIBLE_DEVICES;
 #   plan    `muster plan --numa-binding node`: each GPU's NUMA node and CPU list agree with `nvidia-smi topo -m`
-#           (NUMA Affinity, CPU Affinity) and with /sys/bus/pci/devices/*/numa_node.
+#           (NUMA Affinity, CPU Affinity) and with /sys/bus/pci/devices/*/numa_node;
+#   flight  with `--hang-timeout`, a worker gets torch's NCCL flight recorder (TORCH_NCCL_TRACE_BUFFER_SIZE,
+#           TORCH_NCCL_DUMP_ON_TIMEOUT, TORCH_NCCL_DEBUG_INFO_TEMP_FILE in the attempt directory); with torch in
+#           $MUSTER_PYTHON (optional), an NCCL all_reduce job whose rank 1 hangs is judged and its stacks kept.
 # Prints the evidence (nvidia-smi -L and topo -m, doctor, plans, the job's log) and one PASS/FAIL line per
 # check; exits 1 when a check failed, 2 when the host has no nvidia-smi.
 #
@@ -89,5 +92,35 @@ while read -r rank gpu uuid pci numa _link cpulist _rest; do
 done < <(awk '$1 ~ /^[0-9]+$/ && $3 ~ /^(GPU|MIG)-/' <<<"$plan")
 [ -n "$plan_detail" ] || plan_ok=0
 verdict plan "$plan_ok" "${plan_detail:-no ranks planned}"
+
+section "hang detection: the NCCL flight recorder (and, with \$MUSTER_PYTHON, a real NCCL hang)"
+flight_dir="$(mktemp -d)"
+flight="$(timeout 60 "$MUSTER" --standalone --nproc-per-node=1 --tee=3 --log-dir="$flight_dir" --hang-timeout=60 --no-python \
+    sh -c 'echo "worker: TRACE=$TORCH_NCCL_TRACE_BUFFER_SIZE DUMP=$TORCH_NCCL_DUMP_ON_TIMEOUT FILE=$TORCH_NCCL_DEBUG_INFO_TEMP_FILE"' 2>&1)"
+grep 'worker:' <<<"$flight"
+flight_ok="$(grep -q "worker: TRACE=2000 DUMP=1 FILE=$flight_dir/.*/attempt_0/nccl_trace_rank_" <<<"$flight" && echo 1)"
+verdict flight "${flight_ok:-0}" "$(grep -o 'TRACE=.*' <<<"$flight" | head -1)"
+if [ -n "${MUSTER_PYTHON:-}" ] && [ "$n_gpus" -ge 2 ]; then
+    cat >"$flight_dir/nccl_hang.py" <<'PY'
+import os, time, torch, torch.distributed as dist
+dist.init_process_group("nccl")
+rank = dist.get_rank()
+torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+x = torch.ones(1 << 20, device="cuda")
+for step in range(1000):
+    if rank == 1 and step == 10:
+        time.sleep(3600)
+    print(f"step {step}", flush=True)
+    dist.all_reduce(x)
+    torch.cuda.synchronize()
+PY
+    nccl="$(PATH="$(dirname "$MUSTER_PYTHON"):$PATH" timeout 120 "$MUSTER" --standalone --nproc-per-node=2 \
+        --log-dir="$flight_dir/nccl" --hang-timeout=10 --progress-pattern='step \d+' --on-hang=report \
+        --metrics-port=0 "$flight_dir/nccl_hang.py" 2>&1 & pid=$!; sleep 45; kill -TERM "$pid"; wait "$pid")"
+    grep 'hang: \|stacks written' <<<"$nccl"
+    ls -R "$flight_dir/nccl" | grep -E 'rank_|nccl_trace' || true
+    verdict "nccl hang" "$(grep -q 'hang: rank 1 ' <<<"$nccl" && echo 1)" "$(grep -o 'hang: .*' <<<"$nccl" | head -1)"
+fi
+rm -rf "$flight_dir"
 
 exit "$failed"

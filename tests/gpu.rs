@@ -231,3 +231,33 @@ fn a_node_reboot_recovery_action_drains_the_node() {
     assert_eq!(a.exit_code(LONG), Some(75), "{}", a.log());
     assert!(a.log().contains("driver recovery action 2"), "{}", a.log());
 }
+
+/// With hang detection on a GPU node, the workers get torch's NCCL flight recorder, dumping into the attempt
+/// directory beside the stacks; a variable the user set is kept; without `--hang-timeout`, none is set.
+#[test]
+fn hang_detection_on_a_gpu_node_keeps_the_nccl_flight_recorder_with_the_stacks() {
+    let dir = tempfile::tempdir().unwrap();
+    let gpus = FakeNode::new(dir.path(), "a", 1, &[]);
+    let logs = dir.path().join("logs");
+    let show = "echo TRACE=$TORCH_NCCL_TRACE_BUFFER_SIZE DUMP=$TORCH_NCCL_DUMP_ON_TIMEOUT FILE=$TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
+    let job = |extra: &[&str], user: &[(&str, &str)]| {
+        run(
+            muster()
+                .args(["--nproc-per-node=1", "--tee=3", "--no-python"])
+                .arg(format!("--log-dir={}", logs.display()))
+                .args(extra)
+                .args(["sh", "-c", show])
+                .envs(gpus.env())
+                .envs(user.iter().copied()),
+            LONG,
+        )
+    };
+    let on = job(&["--hang-timeout=60"], &[("TORCH_NCCL_TRACE_BUFFER_SIZE", "50")]);
+    assert!(on.status.success(), "{}", on.stderr);
+    let line = on.stdout.lines().find(|l| l.contains("TRACE=")).unwrap_or_else(|| panic!("{}", on.stdout));
+    assert!(line.contains("TRACE=50 DUMP=1 FILE=") && line.contains("/attempt_0/nccl_trace_rank_"), "{line}");
+    assert!(line.contains(&logs.display().to_string()), "{line}");
+    let off = job(&[], &[]);
+    assert!(off.status.success(), "{}", off.stderr);
+    assert!(off.stdout.contains("TRACE= DUMP= FILE="), "{}", off.stdout);
+}
