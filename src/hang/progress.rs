@@ -196,7 +196,8 @@ mod tests {
     fn a_rank_is_hung_after_the_timeout_once_per_last_mark() {
         let ranks = [rank(0, Some(1_000)), rank(1, Some(9_500)), rank(2, None)];
         // (now, covered, hung)
-        let cases: &[(u64, &[Option<u64>], &[u32])] = &[
+        type Case<'a> = (u64, &'a [Option<u64>], &'a [u32]);
+        let cases: &[Case] = &[
             (5_000, &[], &[]),
             (11_000, &[], &[0]),
             (11_000, &[Some(1_000)], &[]),

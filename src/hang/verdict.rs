@@ -233,7 +233,8 @@ mod tests {
         let sleep = || frame("train_step", "hang_train.py", 88, Some("time.sleep(3600)"));
         let lock = || frame("wait_lock", "hang_train.py", 70, Some("LOCK.acquire()"));
         // (ranks, now, kind, suspects, line)
-        let cases: Vec<(Vec<RankSummary>, u64, Kind, Vec<u32>, &str)> = vec![
+        type Case = (Vec<RankSummary>, u64, Kind, Vec<u32>, &'static str);
+        let cases: Vec<Case> = vec![
             // Rank 3 stopped before the step whose collective the others wait in.
             (
                 vec![rank(0, Some(1_060), reduce()), rank(1, Some(1_061), reduce()), rank(2, Some(1_060), reduce()), rank(3, Some(1_000), sleep())],
