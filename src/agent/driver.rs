@@ -28,10 +28,6 @@ use crate::supervisor::reaper::{self, OrphanGuard};
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
 
-/// A keep-alive window below this is said at start: a few lost packets in a row (TCP's retransmission
-/// back-off) could outlast it.
-const SHORT_WINDOW: Duration = Duration::from_secs(10);
-
 /// How long a restart after a worker failure on a GPU node waits for the GPU fault that may follow the
 /// death (the driver reports an XID tens of milliseconds after the process it killed is gone).
 const FAULT_SETTLE: Duration = Duration::from_millis(250);
@@ -236,7 +232,7 @@ impl Agent {
             r = rendezvous.register() => r.map_err(fail)?,
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         }
-        banner(&cfg, &rendezvous, hosted.is_some(), &logs);
+        super::banner::banner(&cfg, &rendezvous, hosted.is_some(), &logs);
         if cfg.max_nodes > 1 {
             super::stores::warn_if_loopback(&cfg).await;
         }
@@ -438,7 +434,7 @@ impl Work {
                     let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
                     let (change, ()) = tokio::join!(
                         self.rendezvous.change_behind_failure(),
-                        stacks_on_failure(survivors, self.attempt_dir.as_deref()),
+                        crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
                     );
                     Input::WorkerFailed { failure, change }
                 }
@@ -522,17 +518,6 @@ impl Work {
     }
 }
 
-/// `--stacks-on-failure`: the surviving workers' stacks, before they are stopped, into the attempt's
-/// `stacks/` (bounded by `FAILURE_CAPTURE_BOUND`).
-async fn stacks_on_failure(survivors: Option<Vec<crate::hang::capture::Target>>, attempt: Option<&std::path::Path>) {
-    let (Some(targets), Some(attempt)) = (survivors, attempt) else { return };
-    if targets.is_empty() {
-        return;
-    }
-    let captures = crate::hang::capture::capture_all(&targets, crate::hang::FAILURE_CAPTURE_BOUND).await;
-    crate::hang::write_stacks(crate::hang::stacks_dir(attempt, 0), captures).await;
-}
-
 /// `"<port> <addr>"` as group rank 0 publishes it.
 fn parse_master(v: &[u8]) -> Result<(String, u16), RdzvError> {
     let text = String::from_utf8_lossy(v);
@@ -582,41 +567,5 @@ fn fingerprint(cfg: &LaunchConfig) -> Fingerprint {
         args: cfg.entrypoint.script_args.clone(),
         nproc_spec: cfg.nproc_spec.clone(),
         nnodes: format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
-    }
-}
-
-fn banner(cfg: &LaunchConfig, rendezvous: &Rendezvous<RdzvStore>, hosted: bool, logs: &RunLogs) {
-    tracing::info!(
-        "muster {}: nnodes={}:{} nproc_per_node={} rdzv_backend={} rdzv_store={}{} run_id={} max_restarts={} \
-         log_dir={} entrypoint={}",
-        env!("CARGO_PKG_VERSION"),
-        cfg.min_nodes,
-        cfg.max_nodes,
-        cfg.nproc_per_node,
-        cfg.rdzv_backend,
-        rendezvous.store().describe(),
-        if hosted { " (hosted here)" } else { "" },
-        cfg.run_id,
-        cfg.max_restarts,
-        logs.run_dir().map(|d| d.display().to_string()).unwrap_or_else(|| "/dev/null".into()),
-        cfg.entrypoint.name,
-    );
-    if let Some(context) = &cfg.context {
-        tracing::info!("launch context {context}");
-    }
-    let window = rendezvous.timing().window;
-    if cfg.max_nodes > 1 && window < SHORT_WINDOW {
-        tracing::warn!(
-            "the keep-alive window (keep_alive_interval x keep_alive_max_attempt = {window:?}) is under \
-             {SHORT_WINDOW:?}: TCP retransmits a lost packet after 0.2 s, then 0.4, 0.8, 1.6 s..., so a few losses in a \
-             row can get a healthy node evicted (it fences itself first); keep it at 10 s or more outside tests"
-        );
-    }
-    if std::env::var_os("OMP_NUM_THREADS").is_none() && cfg.nproc_per_node > 1 {
-        tracing::warn!(
-            "Setting OMP_NUM_THREADS environment variable for each process to be 1 in default, to avoid your \
-             system being overloaded, please further tune the variable for optimal performance in your \
-             application as needed."
-        );
     }
 }

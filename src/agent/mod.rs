@@ -11,6 +11,7 @@
 //! Every transition is an event with a timestamp and the time spent in the state it leaves; every way the
 //! agent ends emits exactly one final transition.
 
+mod banner;
 mod driver;
 mod gpu;
 mod hang;

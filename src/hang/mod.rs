@@ -380,6 +380,17 @@ fn clock(ms: u64) -> String {
         .unwrap_or_else(|| ms.to_string())
 }
 
+/// `--stacks-on-failure`: the surviving workers' stacks, before they are stopped, into the attempt's
+/// `stacks/` (bounded by [`FAILURE_CAPTURE_BOUND`]).
+pub async fn capture_survivors(survivors: Option<Vec<Target>>, attempt: Option<&Path>) {
+    let (Some(targets), Some(attempt)) = (survivors, attempt) else { return };
+    if targets.is_empty() {
+        return;
+    }
+    let captures = capture::capture_all(&targets, FAILURE_CAPTURE_BOUND).await;
+    write_stacks(stacks_dir(attempt, 0), captures).await;
+}
+
 /// `<attempt>/stacks` for the first capture of an attempt, `stacks.<k>` for later ones.
 pub fn stacks_dir(attempt: &Path, k: u32) -> PathBuf {
     if k == 0 {

@@ -224,22 +224,28 @@ fn pipe() -> Result<(OwnedFd, OwnedFd), LogError> {
 
 /// Copies `pipe` to `to` unchanged until EOF, showing each line to `watch`. A console that is gone makes
 /// the copy stop, not the reading (the worker must never block on a full pipe).
-fn pass_through(mut pipe: impl Read, mut to: Option<File>, watch: &LineWatch) {
-    let mut buf = vec![0u8; 64 * 1024];
+fn pass_through(pipe: impl Read, mut to: Option<File>, watch: &LineWatch) {
     let mut lines = Lines::default();
-    loop {
-        let n = match pipe.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => n,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-            Err(_) => break,
-        };
-        if to.as_mut().is_some_and(|f| f.write_all(&buf[..n]).is_err()) {
+    read_to_end(pipe, |chunk| {
+        if to.as_mut().is_some_and(|f| f.write_all(chunk).is_err()) {
             to = None;
         }
-        lines.feed(&buf[..n], |line| watch.see(line));
-    }
+        lines.feed(chunk, |line| watch.see(line));
+    });
     lines.finish(|line| watch.see(line));
+}
+
+/// Reads `pipe` until EOF (or an error), handing each chunk read to `each`.
+fn read_to_end(mut pipe: impl Read, mut each: impl FnMut(&[u8])) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => each(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        }
+    }
 }
 
 /// `/dev/null` for reading and writing.
@@ -347,21 +353,14 @@ fn header(logs: &LogConfig, tag: &WorkerTag) -> String {
 impl TeeSink {
     /// Copies `pipe` to the file as it comes and to the console line by line, until EOF (every writer of
     /// the pipe has exited). Runs on its own thread: the file's writes may block, the console's never do.
-    pub fn pump(mut self, mut pipe: impl Read) {
-        let mut buf = vec![0u8; 64 * 1024];
+    pub fn pump(mut self, pipe: impl Read) {
         let mut lines = Lines::default();
-        loop {
-            let n = match pipe.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            };
+        read_to_end(pipe, |chunk| {
             if let Some(f) = self.file.as_mut() {
-                let _ = f.write_all(&buf[..n]);
+                let _ = f.write_all(chunk);
             }
-            lines.feed(&buf[..n], |line| self.line(line));
-        }
+            lines.feed(chunk, |line| self.line(line));
+        });
         lines.finish(|line| self.line(line));
         if let Some(console) = self.console.take() {
             console.finish();
