@@ -41,6 +41,8 @@ const VERDICT_WAIT: Duration = Duration::from_secs(9);
 /// so that the gap between two marks is measured to within it (the verdict compares ranks' last marks with
 /// half a typical gap).
 pub const CHECK_EVERY: Duration = Duration::from_millis(50);
+/// How long after a failed attempt to watch the hang board the next one is made.
+const WATCH_RETRY: Duration = Duration::from_secs(1);
 /// Frames of the main thread a summary carries.
 const SUMMARY_FRAMES: usize = 3;
 
@@ -102,6 +104,11 @@ pub struct Monitor {
     round: Option<u64>,
     known: u64,
     events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
+    /// When to try watching the board again after a failed attempt (the store may be out of reach).
+    retry_watch: Option<Instant>,
+    /// When this attempt was armed, and whether its lack of any progress was said.
+    armed_at: Option<Instant>,
+    silence_said: bool,
     /// Per local rank, the last mark an incident already covered (a hang is reported once).
     covered: Vec<Option<u64>>,
     /// Captures made in this attempt (the second goes to `stacks.1`, ...).
@@ -118,6 +125,9 @@ impl Monitor {
             round: None,
             known: 0,
             events: None,
+            retry_watch: None,
+            armed_at: None,
+            silence_said: false,
             covered: Vec::new(),
             captures: 0,
             denied_said: false,
@@ -130,6 +140,8 @@ impl Monitor {
         self.covered = vec![None; armed.targets.len()];
         self.captures = 0;
         self.armed = Some(armed);
+        self.armed_at = Some(Instant::now());
+        self.silence_said = false;
     }
 
     pub fn disarm(&mut self) {
@@ -153,7 +165,8 @@ impl Monitor {
         }
         loop {
             if let Some(b) = board {
-                if self.round != Some(b.round) || self.events.is_none() {
+                let due = self.retry_watch.is_none_or(|t| Instant::now() >= t);
+                if self.round != Some(b.round) || (self.events.is_none() && due) {
                     self.follow(b).await;
                 }
             }
@@ -188,8 +201,14 @@ impl Monitor {
             self.known = board.current().await.unwrap_or(0);
         }
         match board.watch().await {
-            Ok(rx) => self.events = Some(rx),
-            Err(e) => tracing::debug!("hang board: cannot watch the round's incidents: {e}"),
+            Ok(rx) => {
+                self.events = Some(rx);
+                self.retry_watch = None;
+            }
+            Err(e) => {
+                tracing::debug!("hang board: cannot watch the round's incidents: {e}");
+                self.retry_watch = Some(Instant::now() + WATCH_RETRY);
+            }
         }
     }
 
@@ -206,6 +225,16 @@ impl Monitor {
         let now = unix_ms(SystemTime::now());
         let hung = progress::hung(now, &snap, self.cfg.timeout.as_millis() as u64, &self.covered);
         if hung.is_empty() {
+            let silent = snap.iter().all(|r| r.last_ms.is_none());
+            if silent && !self.silence_said && self.armed_at.is_some_and(|t| t.elapsed() >= self.cfg.timeout) {
+                self.silence_said = true;
+                tracing::info!(
+                    "no rank has shown progress in the {:?} since the workers started; a rank is judged from its \
+                     first sign of progress on (a line matching --progress-pattern, a touch of $MUSTER_PROGRESS_FILE, \
+                     a file-timer request)",
+                    self.cfg.timeout
+                );
+            }
             return None;
         }
         let ranks: Vec<u32> = hung.iter().filter_map(|l| armed.targets.get(*l as usize).map(|t| t.rank)).collect();
