@@ -70,13 +70,7 @@ pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn
         return blame(Kind::Stalled, &stuck, &rest, clock);
     }
     let newest = ranks.iter().filter_map(|r| r.last_progress_ms).max();
-    let first: Vec<&RankSummary> = match (newest, typical_gap(ranks)) {
-        (Some(newest), Some(gap)) => {
-            let margin = (gap / 2.0).max(1.0) as u64;
-            ranks.iter().filter(|r| r.last_progress_ms.is_none_or(|l| l + margin < newest)).collect()
-        }
-        _ => Vec::new(),
-    };
+    let first = stopped_first(ranks);
     if !first.is_empty() && first.len() < ranks.len() {
         let others: Vec<&RankSummary> = ranks.iter().filter(|r| !first.iter().any(|f| f.rank == r.rank)).collect();
         let since = others.iter().filter_map(|r| r.last_progress_ms).min().unwrap_or(now_ms);
@@ -110,6 +104,25 @@ fn blame(kind: Kind, suspects: &[&RankSummary], rest: &str, clock: &dyn Fn(u64) 
         kind,
         suspects: suspects.iter().map(|r| r.rank).collect(),
         line: format!("hang: {}; {rest}", each.join("; ")),
+    }
+}
+
+/// The ranks that stopped before the rest: those before the widest gap between the ranks' last marks, when
+/// it is wider than half a typical step (the ranks that wait for them stopped within scheduling noise of each
+/// other, a step later). A rank with no mark at all comes first.
+fn stopped_first(ranks: &[RankSummary]) -> Vec<&RankSummary> {
+    let Some(gap) = typical_gap(ranks) else { return Vec::new() };
+    let margin = (gap / 2.0).max(1.0);
+    let mut sorted: Vec<&RankSummary> = ranks.iter().collect();
+    sorted.sort_by_key(|r| r.last_progress_ms);
+    let widest = sorted
+        .windows(2)
+        .enumerate()
+        .filter_map(|(i, w)| Some((i, w[1].last_progress_ms? as f64 - w[0].last_progress_ms.unwrap_or(0) as f64)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    match widest {
+        Some((i, width)) if width > margin => sorted[..=i].to_vec(),
+        _ => Vec::new(),
     }
 }
 
@@ -251,6 +264,15 @@ mod tests {
                 Kind::JobWide,
                 vec![0, 1, 2, 3],
                 "hang: job-wide: no rank made progress since t1061; ranks 0-2 in all_reduce (distributed_c10d.py:2501); \
+                 rank 3 in wait_lock (hang_train.py:70)",
+            ),
+            // Scheduling noise within the step is no culprit: job-wide.
+            (
+                vec![rank(0, Some(1_000), reduce()), rank(1, Some(1_025), reduce()), rank(2, Some(1_010), reduce()), rank(3, Some(1_020), lock())],
+                12_000,
+                Kind::JobWide,
+                vec![0, 1, 2, 3],
+                "hang: job-wide: no rank made progress since t1025; ranks 0-2 in all_reduce (distributed_c10d.py:2501); \
                  rank 3 in wait_lock (hang_train.py:70)",
             ),
             // Rank 1 is stuck while the others go on (no collective ties them).
