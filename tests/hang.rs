@@ -410,3 +410,31 @@ fn stacks_on_failure_keeps_where_the_survivors_were() {
     }
     assert!(!stacks.join("rank_0.txt").exists(), "the failed worker is gone; only the survivors are read");
 }
+
+/// torch's file timer counts as progress: a worker that takes timers, then stops taking them, is judged.
+#[test]
+fn file_timer_requests_are_progress() {
+    python();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("timed.py");
+    std::fs::write(
+        &script,
+        "import os, time\nfrom torch.distributed.elastic.timer import FileTimerClient, configure, expires\n\
+         configure(FileTimerClient(os.environ['TORCHELASTIC_TIMER_FILE']))\n\
+         for _ in range(5):\n    with expires(after=600):\n        time.sleep(0.1)\n\n\
+         def after_the_timers():\n    time.sleep(3600)\n\nafter_the_timers()\n",
+    )
+    .expect("script");
+    let mut cmd = muster();
+    cmd.env("TORCHELASTIC_ENABLE_FILE_TIMER", "1")
+        .args(["--standalone", "--nproc-per-node=1", "--hang-timeout=2", "--on-hang=report"])
+        .arg(format!("--log-dir={}", dir.path().join("logs").display()))
+        .arg(&script);
+    let mut agent = Agent::spawn(&mut cmd);
+    let judged = eventually(LONG, || agent.log().contains("hang: job-wide: no rank made progress since "));
+    assert!(judged, "{}", agent.log());
+    assert!(agent.log().contains("every rank in after_the_timers ("), "{}", agent.log());
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(agent.guard.pid(), libc::SIGTERM) };
+    assert_eq!(agent.exit_code(LONG), Some(143), "{}", agent.log());
+}

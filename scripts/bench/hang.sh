@@ -11,8 +11,9 @@
 # Each worker runs train.py under a small wrapper that imports torch first and then notes the wall clock
 # (time.time()) before and after train.py's own main (process group, DDP, STEPS steps, teardown). The worker
 # time of a run is from the later rank's start to the later rank's end (the first rank to start waits in
-# init_process_group for the other's torch import, which is not the job's time); steps/s is STEPS / that. Also reported: muster's wall time around the whole
-# command (EPOCHREALTIME; interpreter start and the torch import included) and STEPS / that wall time.
+# init_process_group for the other's torch import, which is not the job's time); steps/s is STEPS / that.
+# Also reported: muster's wall time around the whole command (EPOCHREALTIME; interpreter start and the
+# torch import included) and STEPS / that wall time.
 # Each run checks that muster exited 0 and that rank 0's --result says STEPS steps.
 #
 # (2) Launch. As scripts/bench/launch.sh: a two-worker job running `true` (--no-python), so what is measured

@@ -18,7 +18,9 @@
 # run checks that muster exited non-zero and, with the flag, that it logged `stacks written to <dir>` and
 # that the dir holds the 3 survivors' stacks.
 #
-# No pass/fail on timing.
+# No pass/fail on timing. Use a release build: py-spy in a debug build is about 10x slower (a capture of an
+# idle worker ~350 ms instead of ~25 ms), which puts /stacks near its 0.8 s bound and the failure capture
+# in the hundreds of ms.
 #
 # Usage: scripts/bench/stacks.sh        N=8 REQS=10 RUNS=1 scripts/bench/stacks.sh
 #        MUSTER=/path/to/muster scripts/bench/stacks.sh   (another build; default: cargo build --release)
