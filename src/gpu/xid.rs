@@ -1,6 +1,6 @@
 //! What a GPU fault means for the job: one table from XID (and the non-XID NVML signals) to one action.
 //!
-//! Defaults follow `shared/reference/nvml.md` §2.2 (NVIDIA's catalogue, the k8s device plugin and the EKS
+//! Defaults follow `docs/gpu-faults.md` (NVIDIA's catalogue, the k8s device plugin and the EKS
 //! agent, reduced to launcher actions). "Exclude-class" faults (the GPU needs a reset) become `Exclude` with
 //! `--on-gpu-fault exclude` and `Drain` otherwise; `--xid-policy 13=ignore,79=drain` overrides single XIDs.
 
@@ -93,7 +93,7 @@ enum Class {
     Drain,
 }
 
-/// Default class per XID (reference §2.2, H100/H200).
+/// Default class per XID (`docs/gpu-faults.md`, "The default table"; H100/H200).
 fn default_class(xid: Option<u64>) -> Class {
     let Some(xid) = xid else { return Class::Reset };
     match xid {
@@ -101,7 +101,7 @@ fn default_class(xid: Option<u64>) -> Class {
         38 | 43 | 44 | 63 | 66 | 67 | 68 | 92 | 93 | 121 | 141 | 154 | 156 | 160 | 161 | 171 | 172 => Class::Ignore,
         46 | 48 | 62 | 74 | 95 | 110 | 119 | 120 | 136 | 140 | 143 | 144..=150 | 155 | 158 => Class::Reset,
         54 | 64 | 79 | 151 | 157 => Class::Drain,
-        // Unknown to the catalogue: conservative, as the reference advises.
+        // Unknown to the catalogue: conservative (`docs/gpu-faults.md`).
         _ => Class::Reset,
     }
 }

@@ -1,4 +1,5 @@
-//! The worker environment contract, value for value as torchrun 2.15 sets it (reference §2.1).
+//! The worker environment contract, value for value as torchrun 2.15 sets it
+//! (torch/distributed/elastic/agent/server/local_elastic_agent.py and api.py).
 //!
 //! Workers inherit the agent's whole environment but for [`WITHHELD`]; these variables are added on top and
 //! override any value the agent had.

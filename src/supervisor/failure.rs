@@ -1,5 +1,5 @@
 //! Worker failures as torchrun reports them: the `@record` error file, the root cause, and the
-//! `ChildFailedError` summary block (reference §5), value for value.
+//! `ChildFailedError` summary block (torch/distributed/elastic/multiprocessing/errors), value for value.
 
 use std::path::{Path, PathBuf};
 
@@ -113,7 +113,7 @@ fn format_failure(idx: usize, f: &ProcessFailure, host: &str) -> String {
     )
 }
 
-/// The `ChildFailedError` block torchrun prints when the job fails (reference §5.3).
+/// The `ChildFailedError` block torchrun prints when the job fails.
 pub fn summary(name: &str, failures: &[ProcessFailure], host: &str) -> String {
     let title = format!("{name} FAILED");
     let root = root_cause(failures);

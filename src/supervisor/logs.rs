@@ -1,5 +1,5 @@
 //! Worker logs: torchrun's directory layout, `--redirects`, `--tee` with line prefixes, console filtering
-//! and the duplicate filters (reference §6), with three deliberate improvements:
+//! and the duplicate filters, as torchrun 2.15 has them, with three deliberate improvements:
 //! - tee'd output travels through a pipe the agent drains to EOF, so the last lines a worker wrote before it
 //!   died always reach both its file and the console (torch tails files and could miss them);
 //! - the files never wait for the console: a pump writes the file at the worker's speed and hands console

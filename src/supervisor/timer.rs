@@ -1,4 +1,5 @@
-//! torchrun's file timer, the workers' watchdog (reference §3.8; torch's `FileTimerServer`).
+//! torchrun's file timer, the workers' watchdog (torch's `FileTimerServer`,
+//! torch/distributed/elastic/timer/file_based_local_timer.py).
 //!
 //! With `TORCHELASTIC_ENABLE_FILE_TIMER=1` in the agent's environment, each start of the group gets a FIFO at
 //! `TORCHELASTIC_TIMER_FILE` (or one path per agent in the temp dir), exported to the workers under that name.

@@ -446,7 +446,7 @@ impl Connection {
         while let Some((request, n)) = decoder.decode(&input[consumed..])? {
             consumed += n;
             // Strict like torch's legacy server; libuv lets a client skip VALIDATE, an
-            // artifact of its parser (shared/reference/tcpstore.md §1.4).
+            // artifact of its parser (docs/tcpstore-protocol.md, "Handshake").
             if !*validated {
                 match request {
                     Request::Validate {

@@ -3,7 +3,7 @@
 //! A request is one `u8` query type followed by type-specific fields; a reply has no tag, its
 //! shape follows from the request. Integers are little-endian (torch `memcpy`s host values and
 //! every platform with torch wheels is little-endian); keys and values are `u64 length || bytes`.
-//! The byte-level reference, with the test vectors used below, is `shared/reference/tcpstore.md`.
+//! The byte-level description, with where the test vectors come from, is `docs/tcpstore-protocol.md`.
 //!
 //! Decoding is incremental: a decoder is fed the bytes received so far and answers "need more",
 //! "complete frame of n bytes" or a protocol error. It remembers how far it has scanned, so a

@@ -1,4 +1,4 @@
-//! Test vectors from `shared/reference/tcpstore.md` §6 (captured from torch 2.15.0, identical
+//! Test vectors from `docs/tcpstore-protocol.md`, "Test vectors" (captured from torch 2.15.0, identical
 //! for the libuv and legacy servers), plus decoder robustness against random input.
 
 use super::*;

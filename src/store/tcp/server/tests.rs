@@ -1,5 +1,5 @@
 //! The server driven over real sockets: by muster's client, by raw bytes (torch's edge cases,
-//! `shared/reference/tcpstore.md` §6), by hostile and random input, and by a killed process.
+//! `docs/tcpstore-protocol.md`, "Test vectors"), by hostile and random input, and by a killed process.
 
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
