@@ -261,3 +261,26 @@ fn hang_detection_on_a_gpu_node_keeps_the_nccl_flight_recorder_with_the_stacks()
     assert!(off.status.success(), "{}", off.stderr);
     assert!(off.stdout.contains("TRACE= DUMP= FILE="), "{}", off.stdout);
 }
+
+/// The hook's exit status is its own even while the agent reaps a storm of adopted orphans: the hook leaves
+/// 300 short-lived processes to the agent (a subshell's `&` orphans them) and exits 3 in the middle of it.
+#[test]
+fn a_failing_hook_is_reported_under_a_busy_zombie_reaper() {
+    for run in 0..3 {
+        let dir = tempfile::tempdir().unwrap();
+        let gpus = FakeNode::new(dir.path(), "a", 1, &[]);
+        let hook = "for i in $(seq 300); do (sleep 0.0$((i % 10)) &); done; exit 3";
+        let mut a = Agent::start_with_env(
+            "a",
+            &agent_args("1:2", "gpu", "127.0.0.1:0", "is_host=1,last_call_timeout=1", &["--on-node-fault", hook], dir.path()),
+            &gpus.env(),
+        );
+        let started = eventually(LONG, || starts(dir.path()).len() == 1);
+        assert!(started, "run {run}: no worker started:\n{}", a.log());
+        gpus.inject(0, "xid 0 79");
+        assert_eq!(a.exit_code(LONG), Some(75), "run {run}: {}", a.log());
+        let log = a.log();
+        assert!(log.contains("failed: exit status: 3"), "run {run}: the hook's status was lost:\n{log}");
+        assert!(!log.contains("cannot wait for the hook"), "run {run}:\n{log}");
+    }
+}

@@ -29,6 +29,15 @@ impl Drop for GroupGuard {
     }
 }
 
+/// Gives the hook's exit status up to the zombie reaper when the wait is over (or dropped).
+struct Disown(i32);
+
+impl Drop for Disown {
+    fn drop(&mut self) {
+        reaper::disown(self.0);
+    }
+}
+
 /// Runs `sh -c cmd` with `env` on top of the agent's environment (stdin from /dev/null, output to the
 /// agent's), waits up to `timeout`, and logs the outcome. On timeout its process group is SIGKILLed and its
 /// session swept. Never fails the caller.
@@ -49,7 +58,8 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
             nix::unistd::setsid().map(drop).map_err(std::io::Error::from)
         });
     }
-    let mut child = match command.spawn() {
+    // Its exit status is ours to read, not the zombie reaper's (which a busy SIGCHLD stream keeps scanning).
+    let mut child = match reaper::spawn_own(&mut command) {
         Ok(child) => child,
         Err(e) => {
             tracing::warn!("cannot run the hook `{cmd}`: {e}");
@@ -62,6 +72,7 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
     };
     guard.watch(pid);
     let mut group = GroupGuard(Some(pid));
+    let _own = Disown(pid);
     let outcome = tokio::time::timeout(timeout, child.wait()).await;
     if outcome.is_ok() {
         group.0 = None;

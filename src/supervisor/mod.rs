@@ -39,7 +39,7 @@ use crate::template::safe_substitute;
 pub use env::{GroupSpec, Placement};
 use failure::ProcessFailure;
 use logs::{AttemptLogs, Stream, StreamPlan, WorkerTag};
-use reaper::{OrphanGuard, OWN_CHILDREN};
+use reaper::OrphanGuard;
 use spare::{WarmSpares, WorkerCommand};
 
 /// How long the agent waits for tee pipes to drain after the workers are gone.
@@ -262,9 +262,7 @@ impl WorkerGroup {
                     -1
                 }
             };
-            if let Ok(mut own) = OWN_CHILDREN.lock() {
-                own.retain(|p| *p != pid);
-            }
+            reaper::disown(pid);
             let _ = tx.send(Exit { index, code, at: now_secs() });
         });
         tracing::debug!(local_rank, pid, "worker started");
@@ -509,10 +507,5 @@ fn spawn_worker(
             Ok(())
         });
     }
-    let mut own = OWN_CHILDREN.lock().unwrap_or_else(|e| e.into_inner());
-    let child = cmd.spawn()?;
-    if let Some(pid) = child.id() {
-        own.push(pid as i32);
-    }
-    Ok(child)
+    reaper::spawn_own(&mut cmd)
 }

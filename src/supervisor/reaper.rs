@@ -129,7 +129,29 @@ pub fn freeze_and_kill(scan: impl Fn() -> Tree, select: impl Fn(&Tree, &ProcStat
 /// PIDs of the agent's own direct children whose exit status belongs to someone else (tokio, for workers;
 /// the agent, for the guard). Spawning holds the lock across fork and insert, so the zombie reaper can never
 /// take a status tokio is waiting for.
-pub static OWN_CHILDREN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+static OWN_CHILDREN: Mutex<Vec<i32>> = Mutex::new(Vec::new());
+
+/// `OWN_CHILDREN`, whatever a panic elsewhere left it as: a list of pids stays a valid list.
+fn own_children_lock() -> std::sync::MutexGuard<'static, Vec<i32>> {
+    OWN_CHILDREN.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Spawns `cmd` as one of the agent's own children (a worker, a spare, a hook): the lock is held across
+/// fork and registration, so the zombie reaper never takes the exit status its waiter reads. [`disown`] it
+/// once that status is read (or nobody will read it).
+pub fn spawn_own(cmd: &mut tokio::process::Command) -> std::io::Result<tokio::process::Child> {
+    let mut own = own_children_lock();
+    let child = cmd.spawn()?;
+    if let Some(pid) = child.id() {
+        own.push(pid as i32);
+    }
+    Ok(child)
+}
+
+/// `pid`'s exit status is no longer anyone's to wait for: the zombie reaper may take it.
+pub fn disown(pid: i32) {
+    own_children_lock().retain(|p| *p != pid);
+}
 
 /// The agent's children, from each of its threads' `children` list (an adopted orphan may be any thread's):
 /// far cheaper than reading all of `/proc`. None where the kernel has no such lists.
@@ -146,7 +168,7 @@ fn own_children() -> Option<Vec<i32>> {
 /// its own workers') and, without a cgroup, tells the guard about every process outside the sessions it holds.
 fn on_child_event(guard: &OrphanGuard) {
     let me = std::process::id() as i32;
-    let Ok(own) = OWN_CHILDREN.lock() else { return };
+    let own = own_children_lock();
     // Read under the lock: a worker is either not forked yet or already in `own`. With a cgroup only the
     // agent's children matter (the cgroup holds the rest); without, every descendant does.
     let tree = match (&guard.cgroup, own_children()) {
@@ -230,9 +252,7 @@ impl OrphanGuard {
             }
             ForkResult::Parent { child } => {
                 drop(read);
-                if let Ok(mut own) = OWN_CHILDREN.lock() {
-                    own.push(child.as_raw());
-                }
+                own_children_lock().push(child.as_raw());
                 Ok(OrphanGuard {
                     pipe: Mutex::new(std::fs::File::from(write)),
                     pid: child.as_raw(),

@@ -29,7 +29,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use nix::unistd::Pid;
 
 use super::env::{Placement, PER_START, WITHHELD};
-use super::reaper::{OrphanGuard, OWN_CHILDREN};
+use super::reaper::{self, OrphanGuard};
 
 /// What a spare runs: `python -u -c BOOTSTRAP MODULES ARGS...`.
 const BOOTSTRAP: &str = include_str!("spare.py");
@@ -198,9 +198,7 @@ impl WarmSpares {
         self.guard.forget(spare.pid);
         // The status is tokio's to reap (the dropped child goes to its orphan queue) or the adopted-zombie
         // reaper's; either is fine for a process nobody waits for.
-        if let Ok(mut own) = OWN_CHILDREN.lock() {
-            own.retain(|p| *p != spare.pid);
-        }
+        reaper::disown(spare.pid);
     }
 }
 
