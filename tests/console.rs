@@ -240,7 +240,7 @@ fn a_terminal_that_hangs_up_under_a_flood_of_output_still_gives_129() {
 }
 
 /// A terminal that hangs up without a SIGHUP for the agent, as when a shell that does not exec its last
-/// command is the session leader (`ssh -tt host 'cd dir && muster ...'` without the README's `exec`): the job
+/// command is the session leader (`ssh -tt host 'cd dir && muster ...'` without docs/contexts.md's `exec`): the job
 /// goes on, its workers fail (their stdin, the terminal, ends), and the failure summary goes to the dead
 /// terminal: exit 1, the documented code for a failed job.
 #[test]

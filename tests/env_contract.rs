@@ -34,7 +34,7 @@ const DIFFERENT_BY_NATURE: &[&str] = &[
     "DUMP_DIR",                // where dump_argv.py writes, one directory per launch
 ];
 
-/// muster's own additions to the contract (README), which torchrun does not set.
+/// muster's own additions to the contract (docs/command-line.md), which torchrun does not set.
 const MUSTER_ONLY: &[&str] = &["MUSTER_ROUND"];
 
 fn assert_same_env(what: &str, rank: usize, theirs: &Env, ours: &Env) {

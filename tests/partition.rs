@@ -2,7 +2,7 @@
 //! cut off silently (no FIN, no RST) as when it loses power or its switch port dies, or one that loses
 //! packets. What a user sees is asserted from the agents' `--event-log` files and what the workers
 //! (tests/fixtures/netns_worker.py, or examples/train.py through tests/fixtures/partition_train.py) record,
-//! against the fencing behaviour of `src/rendezvous/fence.rs` and the README's "When a node is cut off"
+//! against the fencing behaviour of `src/rendezvous/fence.rs` and docs/multi-node.md's "When a node is cut off"
 //! (I = keep_alive_interval, W = I × keep_alive_max_attempt):
 //!
 //! - the cut node fences at most W - min(I, W/2) after the cut, stops its workers (a transition to

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The comparison the README makes: the node that would host the store dies. LAUNCHER=torchrun (default):
+# The comparison docs/multi-node.md makes ("etcd: no node is special"): the node that would host the store
+# dies. LAUNCHER=torchrun (default):
 # torchrun's c10d rendezvous, whose store lives in the first agent. LAUNCHER=muster-etcd: muster with
 # --rdzv-backend etcd against a three-member etcd cluster on loopback (scripts/etcd/cluster.py), where no agent
 # holds the rendezvous. Three agents on loopback (--nnodes 2:3, two gloo workers each, --max-restarts 3)

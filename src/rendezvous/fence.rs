@@ -29,7 +29,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// The longest a look for a path to the store's host may take.
 const REACH_MAX: Duration = Duration::from_secs(1);
 
-/// The timing every node derives from the same `--rdzv-conf` keys (README: "Timing guarantees").
+/// The timing every node derives from the same `--rdzv-conf` keys (docs/multi-node.md: "When a node is cut off:
+/// timing guarantees").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Timing {
     /// `W`: how long a silent node stays a member for the others.

@@ -1,6 +1,6 @@
-//! The expectations of a silent cut (README: "When a node is cut off: timing guarantees"), shared by the
-//! scenarios that cut a node: what the cut did, read off the event logs, the exit and the /proc samples,
-//! and the checks of it.
+//! The expectations of a silent cut (docs/multi-node.md: "When a node is cut off: timing guarantees"), shared by
+//! the scenarios that cut a node: what the cut did, read off the event logs, the exit and the /proc
+//! samples, and the checks of it.
 
 use std::time::{Duration, SystemTime};
 
