@@ -135,3 +135,39 @@ fn adopted_orphans_are_reaped() {
     assert!(out.status.success(), "{}", out.stderr);
     assert!(out.stdout.contains("ZOMBIES: []"), "the agent left adopted zombies: {}", out.stdout);
 }
+
+/// A SIGINT while the group stops for a restart upgrades the stop's cause without starting its grace again:
+/// a worker that ignores both signals is killed one `--shutdown-timeout` after the first stop signal.
+#[test]
+fn a_sigint_during_a_restart_stop_ends_within_one_shutdown_timeout() {
+    python();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let script = dir.path().join("stubborn.py");
+    std::fs::write(
+        &script,
+        "import os, signal, sys, time\nout = os.environ['OUT']\n\
+         if os.environ['LOCAL_RANK'] == '1':\n    signal.signal(signal.SIGTERM, signal.SIG_IGN)\n    signal.signal(signal.SIGINT, signal.SIG_IGN)\n\
+         \x20   open(os.path.join(out, 'ignoring'), 'w').close()\n    time.sleep(3600)\n\
+         while not os.path.exists(os.path.join(out, 'ignoring')):\n    time.sleep(0.05)\nsys.exit(1)\n",
+    )
+    .expect("script");
+    let grace = 10;
+    let mut cmd = muster();
+    cmd.env("OUT", dir.path())
+        .args(["--standalone", "--nproc-per-node=2", "--max-restarts=1"])
+        .arg(format!("--shutdown-timeout={grace}"))
+        .arg(&script);
+    let mut agent = common::cluster::Agent::spawn(&mut cmd);
+    let stopping = eventually(Duration::from_secs(120), || agent.log().contains("closing signal SIGTERM"));
+    assert!(stopping, "{}", agent.log());
+    let since = std::time::Instant::now();
+    // Well into the grace: a stop that started its grace again would end `grace` after this.
+    std::thread::sleep(Duration::from_secs(grace * 6 / 10));
+    // SAFETY: kill(2) of a process this test started.
+    unsafe { libc::kill(agent.guard.pid(), libc::SIGINT) };
+    assert_eq!(agent.exit_code(Duration::from_secs(120)), Some(130), "{}", agent.log());
+    let took = since.elapsed();
+    // One grace is `grace` seconds from the SIGTERM; a restarted one would end at 1.6 x `grace`.
+    assert!(took < Duration::from_secs(grace + grace / 2), "the stop took {took:?} after SIGTERM:\n{}", agent.log());
+    assert!(agent.log().contains("forcefully exiting via SIGKILL"), "{}", agent.log());
+}

@@ -104,6 +104,8 @@ pub struct WorkerGroup {
     /// Whether the workers' sessions have been swept.
     swept: bool,
     timer: Option<timer::FileTimer>,
+    /// When the first stop of this group sends SIGKILL.
+    stop_deadline: Option<Instant>,
 }
 
 fn now_secs() -> i64 {
@@ -153,6 +155,7 @@ impl WorkerGroup {
             reported: 0,
             swept: false,
             timer: None,
+            stop_deadline: None,
         };
         let parent_env = |k: &str| std::env::var(k).ok();
         let fifo = match timer::timer_file(&parent_env, timer::agent_timer_file) {
@@ -380,7 +383,9 @@ impl WorkerGroup {
             tracing::info!("sending process {} closing signal {}", w.pid, sig.as_str());
             let _ = killpg(Pid::from_raw(w.pid), sig);
         }
-        let deadline = Instant::now() + grace;
+        // A stop whose cause is upgraded (a SIGINT during a restart's stop) sends its signal but keeps the
+        // first stop's deadline: one incident, one grace period.
+        let deadline = *self.stop_deadline.get_or_insert(Instant::now() + grace);
         while self.running() > 0 {
             match tokio::time::timeout_at(deadline, self.exits.recv()).await {
                 Ok(exit) => self.record(exit),
