@@ -62,8 +62,11 @@ pub struct Verdict {
 
 /// The verdict at `now_ms` with `timeout_ms` of silence meaning hung; `clock` renders a time.
 pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn(u64) -> String) -> Verdict {
-    let hung = |r: &RankSummary| r.last_progress_ms.is_none_or(|l| now_ms.saturating_sub(l) >= timeout_ms);
-    let (stuck, moving): (Vec<&RankSummary>, Vec<&RankSummary>) = ranks.iter().partition(|r| hung(r));
+    // Still progressing: a mark within a few typical steps (and the timeout). A rank that waits for the
+    // culprit has been silent for nearly as long as the culprit, only one step less.
+    let recent = typical_gap(ranks).map_or(timeout_ms, |gap| ((4.0 * gap) as u64).max(1_000).min(timeout_ms));
+    let moving = |r: &RankSummary| r.last_progress_ms.is_some_and(|l| now_ms.saturating_sub(l) < recent);
+    let (moving, stuck): (Vec<&RankSummary>, Vec<&RankSummary>) = ranks.iter().partition(|r| moving(r));
     if !stuck.is_empty() && !moving.is_empty() {
         let newest = moving.iter().filter_map(|r| r.last_progress_ms).max().unwrap_or(now_ms);
         let rest = format!("the other {} still progress (last at {})", count(moving.len()), clock(newest));
@@ -256,6 +259,15 @@ mod tests {
                 vec![3],
                 "hang: rank 3 (node n1, local rank 1) made no progress since t1000; main thread in hang_train.py:88 \
                  train_step (time.sleep(3600)); the other 3 ranks wait in all_reduce (distributed_c10d.py:2501) since t1060",
+            ),
+            // Judged before the waiters' own timeout: silent for many steps, they do not progress either.
+            (
+                vec![rank(0, Some(1_250), reduce()), rank(1, Some(1_251), reduce()), rank(2, Some(1_250), reduce()), rank(3, Some(1_000), sleep())],
+                11_100,
+                Kind::StoppedFirst,
+                vec![3],
+                "hang: rank 3 (node n1, local rank 1) made no progress since t1000; main thread in hang_train.py:88 \
+                 train_step (time.sleep(3600)); the other 3 ranks wait in all_reduce (distributed_c10d.py:2501) since t1250",
             ),
             // Every rank stopped within the same step: job-wide, the odd one visible by place.
             (
