@@ -22,8 +22,11 @@ or `!` ends in a function or macro, so its last segment is not taken as a module
 context/mod.rs), not the private module context/fill.rs. Re-exports are not followed:
 `use crate::store::RdzvStore` is an edge to store/mod.rs, wherever `RdzvStore` is defined. A path to
 a `#[macro_export]` macro (`crate::errln!`, `use crate::errln`) is an edge to the file that defines
-the macro. An edge from a module to its parent (`use super::X` of an item in mod.rs) counts; a
-parent's `mod child;` does not (declaring a child is not an import). Edges of a file to itself are
+the macro. An edge from a module to its parent (`use super::X` of an item in mod.rs) is an edge; a
+parent's `mod child;` does not (declaring a child is not an import). By default an edge from a module to one of
+its own ancestors (`use super::AgentError`, `use crate::store::StoreError` in store/tcp/client.rs) is
+left out: using what an enclosing module defines or re-exports is nesting, not a circle
+(`--with-ancestors` counts it). Edges of a file to itself are
 dropped, and so is a visibility such as `pub(in crate::store::tcp)`. src/main.rs (the binary, a
 separate crate that uses the library as `muster::`) and src/bin/ are not part of the graph.
 
@@ -415,7 +418,7 @@ def fmt_mod(m):
 
 
 class Crate:
-    def __init__(self, src_dir):
+    def __init__(self, src_dir, ancestors=False):
         self.src_dir = src_dir
         self.base = os.path.dirname(os.path.abspath(src_dir))
         self.files = {}  # module tuple -> FileInfo (library files, tests included for now)
@@ -462,6 +465,10 @@ class Crate:
             for ref in info.refs:
                 target = self.resolve(info, ref.segs, ref.scope, ref.value)
                 if target is None or target == m:
+                    continue
+                # A module may use what its ancestors define or re-export (an error type, a helper):
+                # that is nesting, not a circle, unless --with-ancestors asks for every edge.
+                if not ancestors and m[:len(target)] == target:
                     continue
                 if self.files[target].test_only:
                     continue
@@ -614,12 +621,14 @@ def main(argv):
     ap.add_argument("--deps", metavar="MODULE", help="print the files MODULE's file depends on, with where")
     ap.add_argument("--check-no-dep", nargs=2, metavar=("FROM", "TO"),
                     help="exit 1 if any file under module FROM depends on any file under module TO")
+    ap.add_argument("--with-ancestors", action="store_true",
+                    help="also count a module's edges to its own ancestors (use super::X of an item in mod.rs)")
     args = ap.parse_args(argv)
 
     if not os.path.isdir(args.src):
         print("check-imports: no source directory %s" % args.src, file=sys.stderr)
         return 2
-    crate = Crate(args.src)
+    crate = Crate(args.src, args.with_ancestors)
     for w in crate.warnings:
         print("warning: " + w, file=sys.stderr)
 

@@ -1,5 +1,5 @@
 //! The driver: sets the agent up, runs the current phase's operation, and feeds everything that happens
-//! (the operation's completion, signals, GPU faults) into `state::step`. Effects live here; decisions don't.
+//! (the operation's completion, signals, GPU faults) into `step::step`. Effects live here; decisions don't.
 //!
 //! An operation keeps running while `step` leaves its [`Op`] unchanged (a fault absorbed while joining does
 //! not make the node join twice); otherwise it is dropped and the next one starts. Dropping is safe: the store
@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use tokio::sync::mpsc;
 
 use super::gpu::FaultLog;
-use super::state::{self, Cause, Effect, End, Grace, Input, Job, Op, Phase, State};
+use super::state::{Cause, Effect, End, Grace, Input, Job, Op, Phase, State};
 use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
@@ -341,7 +341,7 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
     }
     let seen = transitions.observer.before(&input, state);
     let mut forward = None;
-    for effect in state::step(state, input) {
+    for effect in super::step::step(state, input) {
         match effect {
             Effect::Fault(fault, verdict) => {
                 let count = faults.record(&fault, verdict);

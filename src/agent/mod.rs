@@ -1,5 +1,5 @@
-//! The agent: a pure transition function (`state.rs`, with one file per cause) and a driver (`driver.rs`)
-//! that runs each phase's operation and feeds every event, from every source, back into it.
+//! The agent: a pure transition function (`step.rs` over `state.rs`'s types, with one file per cause) and a
+//! driver (`driver.rs`) that runs each phase's operation and feeds every event, from every source, back into it.
 //!
 //! Where each decision lives:
 //! - a worker dies, a stopped group restarts (restart accounting): `worker.rs`;
@@ -19,6 +19,7 @@ mod peer;
 mod signal;
 mod start;
 pub mod state;
+mod step;
 mod stores;
 mod worker;
 

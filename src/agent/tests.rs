@@ -4,7 +4,8 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
-use super::state::{step, Cause, Effect, End, Grace, Input, Job, Op, Phase, State, Verdict};
+use super::state::{Cause, Effect, End, Grace, Input, Job, Op, Phase, State, Verdict};
+use super::step::step;
 use super::AgentError;
 use crate::gpu::health::Fault;
 use crate::gpu::xid::{Action, FaultKind};

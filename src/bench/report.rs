@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::counting::{Op, OpCounts};
-use super::sim::NodeOutcome;
-use crate::rendezvous::Settings;
+use crate::rendezvous::{RoundInfo, Settings};
 
 #[derive(Debug, Serialize)]
 struct OpsSummary {
@@ -114,12 +113,22 @@ impl Report {
     }
 }
 
-pub(super) fn make_report(
+/// What one simulated node brings back; `K` is what it keeps alive until every node is done.
+pub(super) struct NodeOutcome<K> {
+    pub(super) node: u32,
+    pub(super) info: RoundInfo,
+    pub(super) registered: Instant,
+    pub(super) sealed: Instant,
+    pub(super) join_ops: u64,
+    pub(super) _kept: K,
+}
+
+pub(super) fn make_report<K>(
     store: String,
     nproc: u32,
     settings: &Settings,
     start: Instant,
-    outcomes: &[NodeOutcome],
+    outcomes: &[NodeOutcome<K>],
     counts: &[Arc<OpCounts>],
 ) -> Report {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
@@ -178,7 +187,7 @@ pub(super) fn make_report(
 }
 
 /// What is wrong with the sealed round, if anything: every node in it once, ranks 0..N-1, one view of it.
-fn check_round(nodes: u32, nproc: u32, outcomes: &[NodeOutcome]) -> Vec<String> {
+fn check_round<K>(nodes: u32, nproc: u32, outcomes: &[NodeOutcome<K>]) -> Vec<String> {
     let mut problems = Vec::new();
     if outcomes.len() != nodes as usize {
         problems.push(format!("{} of {nodes} nodes have a round", outcomes.len()));

@@ -10,9 +10,9 @@ use tokio::task::JoinSet;
 
 use super::backend::Connect;
 use super::counting::{CountingStore, OpCounts};
-use super::report::{make_report, Report};
+use super::report::{make_report, NodeOutcome, Report};
 use super::BenchError;
-use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, RoundInfo, Settings};
+use crate::rendezvous::{Fingerprint, NodeInfo, Rendezvous, Settings};
 use crate::store::RdzvStore;
 
 /// Simulated nodes between their connect and the store's answer to their HELLO (etcd: its status) at once.
@@ -21,16 +21,9 @@ use crate::store::RdzvStore;
 /// handshake deadline (5 s): 16384 unpaced nodes on 2 loaded cores lost 1942 connections that way.
 const CONNECTING: usize = 1024;
 
-/// What one simulated node brings back. `_rendezvous` is kept so its connections (and session keys) stay up
-/// until every node is done: a node leaving early would send every other node's watch an event.
-pub(super) struct NodeOutcome {
-    pub(super) node: u32,
-    pub(super) info: RoundInfo,
-    pub(super) registered: Instant,
-    pub(super) sealed: Instant,
-    pub(super) join_ops: u64,
-    _rendezvous: Rendezvous<CountingStore<RdzvStore>>,
-}
+/// What one simulated node brings back. The rendezvous is kept so its connections (and session keys) stay
+/// up until every node is done: a node leaving early would send every other node's watch an event.
+type Outcome = NodeOutcome<Rendezvous<CountingStore<RdzvStore>>>;
 
 /// Runs the round on the store `connect` reaches (named `store` in the report).
 pub(super) async fn simulate(
@@ -96,13 +89,13 @@ pub(super) async fn simulate(
                 .next_round()
                 .await
                 .map_err(|source| BenchError::Rendezvous { node, source })?;
-            Ok::<_, BenchError>(NodeOutcome {
+            Ok::<_, BenchError>(Outcome {
                 node,
                 info,
                 registered,
                 sealed: Instant::now(),
                 join_ops: node_counts.total() - ops_before,
-                _rendezvous: rendezvous,
+                _kept: rendezvous,
             })
         });
     }

@@ -23,6 +23,7 @@ pub mod token;
 
 pub use entrypoint::{find_program, Entrypoint};
 pub use hang::{HangConfig, OnHang};
+pub use observe::ObserveConfig;
 pub use logs::{LogConfig, Std, StdSpec};
 pub use parse::{parse_nnodes, parse_signals};
 pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
@@ -77,7 +78,7 @@ pub struct LaunchConfig {
     pub shutdown_timeout: Duration,
     pub virtual_local_rank: bool,
     /// Metrics endpoint, event log and console events.
-    pub observe: crate::observe::ObserveConfig,
+    pub observe: ObserveConfig,
     /// What each GPU fault does.
     pub gpu_policy: crate::gpu::xid::Policy,
     /// `--numa-binding` mode (torch's names).

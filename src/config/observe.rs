@@ -5,7 +5,14 @@ use std::path::PathBuf;
 
 use super::{bad, ConfigError};
 use crate::cli::Cli;
-use crate::observe::ObserveConfig;
+
+/// `--metrics-host`/`--metrics-port`, `--event-log`, `--event-log-handler`, checked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ObserveConfig {
+    pub metrics: Option<SocketAddr>,
+    pub event_log: Option<PathBuf>,
+    pub console_events: bool,
+}
 
 pub fn from_cli(cli: &Cli) -> Result<ObserveConfig, ConfigError> {
     let host = match (cli.metrics_host.as_deref().map(str::trim), cli.metrics_port) {

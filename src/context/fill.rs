@@ -77,7 +77,8 @@ pub fn fill(cli: &Cli, context: &LaunchContext) -> (Cli, Filled) {
         cli.node_rank = r.value;
         take("node_rank", r.value.to_string(), &r.from);
     }
-    let several = crate::config::parse_nnodes(&cli.nnodes).is_ok_and(|(_, max)| max > 1);
+    // The MAX of `N` or `MIN:MAX` (a malformed value is config's to refuse, after this).
+    let several = cli.nnodes.rsplit(':').next().and_then(|max| max.trim().parse::<u32>().ok()).is_some_and(|max| max > 1);
     let named = cli.standalone || ["master_addr", "master_port", "rdzv_endpoint"].iter().any(|id| cli.given(id).is_some());
     let c10d = cli.given("rdzv_backend").is_none() || cli.rdzv_backend == "c10d";
     if let Some(e) = context.endpoint.as_ref().filter(|_| several && !named && c10d) {

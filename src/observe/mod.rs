@@ -1,7 +1,7 @@
 //! Observability, fed from one place: the agent's transitions (`agent::driver::Transitions`) hand every
 //! transition, input and GPU fault to an [`Observer`], which updates the metrics (`metrics.rs`), `/healthz`
 //! (`health.rs`), the recovery phases (`recovery.rs`) and writes the event log (`events.rs`). `http.rs` serves
-//! `/metrics` and `/healthz`. Events, metric labels and JSON log lines carry the same identifiers: run id,
+//! `/metrics`, `/healthz` and `/stacks`. Events, metric labels and JSON log lines carry the same identifiers: run id,
 //! round, restart count and group rank.
 //!
 //! The effects that can fail on bad input (binding the metrics port, opening the event log) happen in
@@ -13,27 +13,20 @@ pub mod http;
 pub mod metrics;
 pub mod recovery;
 
-use std::net::{SocketAddr, TcpListener};
-use std::path::PathBuf;
+use std::net::TcpListener;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use crate::agent::state::{Input, Phase, State, Verdict};
+use crate::config::ObserveConfig;
 use crate::gpu::health::Fault;
 use crate::rendezvous::RdzvEvent;
 use events::EventLog;
 use health::Health;
 use metrics::Metrics;
 
-/// `--metrics-host`/`--metrics-port`, `--event-log`, `--event-log-handler`: checked by `config`.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ObserveConfig {
-    pub metrics: Option<SocketAddr>,
-    pub event_log: Option<PathBuf>,
-    pub console_events: bool,
-}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ObserveError {
@@ -62,7 +55,7 @@ pub fn open(cfg: &ObserveConfig, run_id: &str, max_restarts: u32) -> Result<Sink
 }
 
 impl Sinks {
-    /// Starts serving `/metrics` and `/healthz` (within the runtime); logs the address.
+    /// Starts serving `/metrics`, `/healthz` and `/stacks` (within the runtime); logs the address.
     pub fn serve(&mut self) {
         let (Some(listener), Some(metrics)) = (self.listener.take(), self.metrics.clone()) else { return };
         match http::spawn(listener, http::Shared { metrics, health: self.health.clone(), stacks: self.stacks.clone() }) {
