@@ -1,6 +1,6 @@
 //! The metrics endpoint: a small HTTP/1 server (hyper) on the agent's runtime serving `GET /metrics`
-//! (OpenMetrics text, which Prometheus scrapes) and `GET /healthz` (200 `ok <state>` or 503
-//! `unhealthy <state>`). The port is bound before anything starts (`bind`), so a port in use is bad input;
+//! (OpenMetrics text, which Prometheus scrapes), `GET /healthz` (200 `ok <state>` or 503
+//! `unhealthy <state>`) and `GET /stacks` (every local worker's Python stacks, read under a bound). The port is bound before anything starts (`bind`), so a port in use is bad input;
 //! the server runs on the runtime's worker threads, never the main thread that spawns workers.
 
 use std::convert::Infallible;

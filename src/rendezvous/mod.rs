@@ -1,6 +1,6 @@
 //! Membership: which agents form the job in each round, their group ranks, and the events that end a round.
 //!
-//! The algorithm talks only to the [`Store`] trait (design invariant 3). Per node and round it costs O(1)
+//! The algorithm talks only to the [`Store`] trait (invariant 8). Per node and round it costs O(1)
 //! store operations and no key is rewritten by every node:
 //! - a join takes a slot from an atomic counter (`r/<R>/slot`) and writes its own record (`r/<R>/m/<slot>`);
 //! - the round is sealed once, by whoever holds the `r/<R>/sealer` lock, when `max` nodes have joined, when

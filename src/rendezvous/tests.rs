@@ -1,4 +1,4 @@
-//! The rendezvous: pure rank assignment, then one shared suite run against every `Store` (design invariant 3):
+//! The rendezvous: pure rank assignment, then one shared suite run against every `Store` (invariant 8):
 //! the in-memory store, muster's TCP store over loopback and etcd (a real member on loopback).
 
 use super::join::assign_ranks;

@@ -1,5 +1,6 @@
 //! The `Store` trait: the operations the rendezvous needs from a key-value store, implemented by the TCP
-//! store client (`tcp::remote`), the in-process store (`memory`, for tests and simulations) and, later, etcd.
+//! store client (`store::remote`), etcd v3 (`store::etcd`) and the in-process store (`memory`, for tests and
+//! simulations).
 //!
 //! Semantics every implementation keeps: `get` never blocks; `compare_set` sets when the current value
 //! (absent counts as empty) equals `expected` and returns the value after the call; `set_session` keys are

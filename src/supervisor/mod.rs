@@ -1,5 +1,6 @@
 //! Worker processes: spawn, watch, stop. This is the one place that sends signals to workers
-//! (design invariant 1), and the one file that says what happens when a worker dies:
+//! (invariant 1). What a death *means* (restart, re-form, give up) is `agent/worker.rs`'s decision; this
+//! file notices it and carries out the stop:
 //!
 //! - exits are noticed when they happen (each child is awaited; no polling tick);
 //! - a worker that exits 0 is done; the group has succeeded when every worker has;
