@@ -18,6 +18,7 @@ use super::stores::{open_rendezvous_store, WorkerStore};
 use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous as RdzvMode};
 use crate::gpu::health::{Fault, Watcher};
+use crate::observe::record::PhaseKind;
 use crate::observe::{Observer, Sinks, Transition};
 use crate::rendezvous::{Fingerprint, NodeInfo, Published, RdzvError, RdzvEvent, Rendezvous, RoundInfo, Settings};
 use crate::signals::Delivery;
@@ -44,20 +45,20 @@ const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 /// inputs and faults, into the event log, the metrics and `/healthz` (see `observe`).
 pub struct Transitions {
     observer: Observer,
-    from: &'static str,
+    from: PhaseKind,
     since: Instant,
 }
 
 impl Transitions {
     pub fn new(cfg: &LaunchConfig, sinks: &Sinks) -> Transitions {
-        Transitions { observer: Observer::new(sinks, &cfg.run_id), from: "init", since: Instant::now() }
+        Transitions { observer: Observer::new(sinks, &cfg.run_id), from: PhaseKind::Init, since: Instant::now() }
     }
 
     /// Into `to`; `state` is None when set-up failed, `input_at` when the input that caused it arrived.
-    pub fn go(&mut self, state: Option<&State>, to: &'static str, detail: Value, input_at: Option<Instant>) {
+    pub fn go(&mut self, state: Option<&State>, to: PhaseKind, detail: Value, input_at: Option<Instant>) {
         let now = Instant::now();
         let t = Transition { from: self.from, to, spent: now.saturating_duration_since(self.since), now, input_at };
-        self.observer.transition(t, state, detail);
+        self.observer.transition(t, state.map(State::record).as_ref(), detail);
         self.from = to;
         self.since = now;
     }
@@ -286,7 +287,7 @@ impl Agent {
     /// Runs phases until the agent is done; emits every transition, the final one exactly once.
     pub async fn drive(mut self) -> End {
         let Agent { work, ambient, state, faults, transitions } = &mut self;
-        transitions.go(Some(state), state.phase_name(), detail(state), None);
+        transitions.go(Some(state), state.phase.kind(), detail(state), None);
         while !state.is_done() {
             let op = state.op();
             if matches!(op, Op::Start { .. }) {
@@ -339,21 +340,21 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
     if let (Input::Signal(sig), Phase::Running | Phase::Stopping(_)) = (&input, &state.phase) {
         tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
     }
-    let seen = transitions.observer.before(&input, state);
+    let seen = transitions.observer.before(input.record(state), &state.record());
     let mut forward = None;
     for effect in super::step::step(state, input) {
         match effect {
             Effect::Fault(fault, verdict) => {
                 let count = faults.record(&fault, verdict);
-                transitions.observer.fault(&fault, verdict, count);
+                transitions.observer.fault(&fault, verdict.as_str(), count);
             }
             Effect::Forward(sig) => forward = Some(sig),
         }
     }
-    transitions.observer.after(&seen, state);
+    transitions.observer.after(&seen, &state.record());
     let after = state.phase_name();
     if after != before || state.is_done() {
-        transitions.go(Some(state), after, detail(state), Some(seen.at()));
+        transitions.go(Some(state), state.phase.kind(), detail(state), Some(seen.at()));
     }
     forward
 }

@@ -90,7 +90,7 @@ pub async fn run(
         match driver::Agent::set_up(cfg.clone(), guard, gpu_job, &sinks).await {
             Ok(agent) => agent.drive().await,
             Err(end) => {
-                driver::Transitions::new(&cfg, &sinks).go(None, end.name(), driver::end_detail(&end), None);
+                driver::Transitions::new(&cfg, &sinks).go(None, end.kind(), driver::end_detail(&end), None);
                 end
             }
         }

@@ -8,6 +8,7 @@ use nix::sys::signal::Signal;
 
 use super::AgentError;
 use crate::gpu::health::Fault;
+use crate::observe::record::{InputRecord, PhaseKind, StateRecord, StopKind};
 use crate::rendezvous::RdzvEvent;
 use crate::supervisor::failure::ProcessFailure;
 
@@ -32,18 +33,23 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// The phase as transition events name it (a finished agent by how it ended).
-    pub fn name(&self) -> &'static str {
+    /// The phase as observers see it (a finished agent by how it ended).
+    pub fn kind(&self) -> PhaseKind {
         match self {
-            Phase::Joining => "rendezvous",
-            Phase::Starting => "starting",
-            Phase::Running => "running",
-            Phase::Stopping(_) => "stopping",
-            Phase::Reforming { .. } => "restarting",
-            Phase::Draining(_) => "draining",
-            Phase::Finishing(_) => "finishing",
-            Phase::Done(end) => end.name(),
+            Phase::Joining => PhaseKind::Rendezvous,
+            Phase::Starting => PhaseKind::Starting,
+            Phase::Running => PhaseKind::Running,
+            Phase::Stopping(_) => PhaseKind::Stopping,
+            Phase::Reforming { .. } => PhaseKind::Restarting,
+            Phase::Draining(_) => PhaseKind::Draining,
+            Phase::Finishing(_) => PhaseKind::Finishing,
+            Phase::Done(end) => end.kind(),
         }
+    }
+
+    /// The phase as transition events name it.
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
     }
 }
 
@@ -87,18 +93,22 @@ impl Cause {
         }
     }
 
-    pub fn name(&self) -> &'static str {
+    pub fn kind(&self) -> StopKind {
         match self {
-            Cause::Membership(RdzvEvent::Fenced { .. }) => "fenced",
-            Cause::Membership(_) => "membership change",
-            Cause::Restart { fault: Some(_), .. } => "gpu fault",
-            Cause::Restart { hang: true, .. } => "hang",
-            Cause::Restart { .. } => "worker failure",
-            Cause::Exclude(_) => "gpu excluded",
-            Cause::Error(_) => "error",
-            Cause::Drain(_) => "node drained",
-            Cause::Signal(_) => "signal",
+            Cause::Membership(RdzvEvent::Fenced { .. }) => StopKind::Fenced,
+            Cause::Membership(_) => StopKind::MembershipChange,
+            Cause::Restart { fault: Some(_), .. } => StopKind::GpuFault,
+            Cause::Restart { hang: true, .. } => StopKind::Hang,
+            Cause::Restart { .. } => StopKind::WorkerFailure,
+            Cause::Exclude(_) => StopKind::GpuExcluded,
+            Cause::Error(_) => StopKind::Error,
+            Cause::Drain(_) => StopKind::NodeDrained,
+            Cause::Signal(_) => StopKind::Signal,
         }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
     }
 }
 
@@ -114,14 +124,17 @@ pub enum End {
 }
 
 impl End {
-    pub fn name(&self) -> &'static str {
+    pub fn kind(&self) -> PhaseKind {
         match self {
-            End::Succeeded => "succeeded",
-            End::Failed(_) => "failed",
-            End::Interrupted(_) => "interrupted",
-            End::Drained(_) => "drained",
-            End::Error(_) => "failed",
+            End::Succeeded => PhaseKind::Succeeded,
+            End::Failed(_) | End::Error(_) => PhaseKind::Failed,
+            End::Interrupted(_) => PhaseKind::Interrupted,
+            End::Drained(_) => PhaseKind::Drained,
         }
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.kind().as_str()
     }
 }
 
@@ -164,6 +177,18 @@ pub enum Input {
 }
 
 impl Input {
+    /// What the input says by itself, for the observers; `state` is the state it arrives in.
+    pub fn record(&self, state: &State) -> InputRecord<'_> {
+        match self {
+            Input::WorkerFailed { failure, .. } => InputRecord::Exits { exitcode: failure.exitcode, count: 1 },
+            Input::Stopped(failures) => InputRecord::Failures(failures),
+            Input::Succeeded => InputRecord::Exits { exitcode: 0, count: u64::from(state.nproc()) },
+            Input::Membership(event) | Input::JoinChanged(event) => InputRecord::Membership(crate::observe::membership_cause(event)),
+            Input::Hung(found) => InputRecord::Hang(found),
+            _ => InputRecord::Other,
+        }
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Input::Signal(_) => "signal",
@@ -299,6 +324,22 @@ impl State {
 
     pub fn phase_name(&self) -> &'static str {
         self.phase.name()
+    }
+
+    /// The state as observers see it.
+    pub fn record(&self) -> StateRecord {
+        StateRecord {
+            phase: self.phase.kind(),
+            stop: match &self.phase {
+                Phase::Stopping(cause) => Some(cause.kind()),
+                _ => None,
+            },
+            succeeding: matches!(self.phase, Phase::Finishing(End::Succeeded)),
+            nproc: self.nproc(),
+            restart_count: self.restart_count,
+            restarts_left: self.restarts_left(),
+            excluded: self.excluded.len(),
+        }
     }
 
     pub fn op(&self) -> Op {

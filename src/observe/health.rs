@@ -4,15 +4,26 @@
 
 use std::sync::Mutex;
 
-use crate::agent::state::{Cause, End, Phase};
+use super::record::{PhaseKind, StateRecord, StopKind};
 
-/// Whether a node in `phase` is healthy.
-pub fn healthy(phase: &Phase) -> bool {
-    match phase {
-        Phase::Joining | Phase::Starting | Phase::Running | Phase::Reforming { .. } => true,
-        Phase::Stopping(cause) => matches!(cause, Cause::Membership(_) | Cause::Restart { .. } | Cause::Exclude(_)),
-        Phase::Finishing(end) | Phase::Done(end) => matches!(end, End::Succeeded),
-        Phase::Draining(_) => false,
+/// Whether a node in `state` is healthy: it runs, or re-forms after a failure or a membership change.
+pub fn healthy(state: &StateRecord) -> bool {
+    match state.phase {
+        PhaseKind::Init | PhaseKind::Rendezvous | PhaseKind::Starting | PhaseKind::Running | PhaseKind::Restarting => true,
+        PhaseKind::Stopping => state.stop.is_some_and(|stop| {
+            matches!(
+                stop,
+                StopKind::MembershipChange
+                    | StopKind::Fenced
+                    | StopKind::WorkerFailure
+                    | StopKind::GpuFault
+                    | StopKind::Hang
+                    | StopKind::GpuExcluded
+            )
+        }),
+        PhaseKind::Finishing => state.succeeding,
+        PhaseKind::Succeeded => true,
+        PhaseKind::Draining | PhaseKind::Failed | PhaseKind::Interrupted | PhaseKind::Drained => false,
     }
 }
 
@@ -44,39 +55,39 @@ impl Health {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::agent::AgentError;
-    use crate::gpu::health::Fault;
-    use crate::gpu::xid::{Action, FaultKind};
-    use crate::gpu::GpuInfo;
-    use crate::rendezvous::RdzvEvent;
-    use nix::sys::signal::Signal;
-
-    fn fault() -> Fault {
-        let gpu = GpuInfo { index: 0, uuid: "GPU-0".into(), pci_bus_id: "0".into(), name: String::new(), memory_total: 0 };
-        Fault { gpu, kind: FaultKind::Lost, action: Action::Drain }
-    }
 
     #[test]
     fn healthy_while_running_or_reforming_unhealthy_when_failing_or_draining() {
-        let cases: Vec<(Phase, bool)> = vec![
-            (Phase::Joining, true),
-            (Phase::Starting, true),
-            (Phase::Running, true),
-            (Phase::Reforming { open: true }, true),
-            (Phase::Stopping(Cause::Membership(RdzvEvent::PeerLost("b".into()))), true),
-            (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: None, hang: false }), true),
-            (Phase::Stopping(Cause::Exclude(fault())), true),
-            (Phase::Stopping(Cause::Drain(fault())), false),
-            (Phase::Stopping(Cause::Signal(Signal::SIGTERM)), false),
-            (Phase::Stopping(Cause::Error(AgentError::Internal("x".into()))), false),
-            (Phase::Draining(fault()), false),
-            (Phase::Finishing(End::Succeeded), true),
-            (Phase::Finishing(End::Failed(Vec::new())), false),
-            (Phase::Done(End::Drained(fault())), false),
-            (Phase::Done(End::Interrupted(Signal::SIGINT)), false),
+        use PhaseKind::*;
+        let state = |phase, stop, succeeding| StateRecord {
+            phase,
+            stop,
+            succeeding,
+            nproc: 1,
+            restart_count: 0,
+            restarts_left: 0,
+            excluded: 0,
+        };
+        let cases = [
+            (state(Rendezvous, None, false), true),
+            (state(Starting, None, false), true),
+            (state(Running, None, false), true),
+            (state(Restarting, None, false), true),
+            (state(Stopping, Some(StopKind::MembershipChange), false), true),
+            (state(Stopping, Some(StopKind::WorkerFailure), false), true),
+            (state(Stopping, Some(StopKind::Hang), false), true),
+            (state(Stopping, Some(StopKind::GpuExcluded), false), true),
+            (state(Stopping, Some(StopKind::NodeDrained), false), false),
+            (state(Stopping, Some(StopKind::Signal), false), false),
+            (state(Stopping, Some(StopKind::Error), false), false),
+            (state(Draining, None, false), false),
+            (state(Finishing, None, true), true),
+            (state(Finishing, None, false), false),
+            (state(Drained, None, false), false),
+            (state(Interrupted, None, false), false),
         ];
-        for (phase, expected) in cases {
-            assert_eq!(healthy(&phase), expected, "{phase:?}");
+        for (s, expected) in cases {
+            assert_eq!(healthy(&s), expected, "{s:?}");
         }
     }
 }

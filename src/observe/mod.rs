@@ -11,6 +11,7 @@ pub mod events;
 pub mod health;
 pub mod http;
 pub mod metrics;
+pub mod record;
 pub mod recovery;
 
 use std::net::TcpListener;
@@ -19,13 +20,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-use crate::agent::state::{Input, Phase, State, Verdict};
 use crate::config::ObserveConfig;
 use crate::gpu::health::Fault;
 use crate::rendezvous::RdzvEvent;
 use events::EventLog;
 use health::Health;
 use metrics::Metrics;
+use record::{InputRecord, PhaseKind, StateRecord};
 
 
 #[derive(Debug, thiserror::Error)]
@@ -79,7 +80,7 @@ pub struct Before {
     at: Instant,
     restart_count: u32,
     excluded: usize,
-    stop_cause: Option<&'static str>,
+    stop: Option<record::StopKind>,
 }
 
 impl Before {
@@ -98,7 +99,8 @@ pub struct Observer {
     recovery: recovery::Tracker,
 }
 
-fn membership_cause(event: &RdzvEvent) -> &'static str {
+/// A membership change's `cause` label.
+pub fn membership_cause(event: &RdzvEvent) -> &'static str {
     match event {
         RdzvEvent::PeerLost(_) => "peer_lost",
         RdzvEvent::JoinersWaiting => "joiners",
@@ -160,42 +162,33 @@ impl Observer {
     }
 
     /// Reads what a step may change, and counts what the input itself says (worker exits, membership).
-    pub fn before(&self, input: &Input, state: &State) -> Before {
-        let stop_cause = match &state.phase {
-            Phase::Stopping(cause) => Some(cause.name()),
-            _ => None,
-        };
+    pub fn before(&self, input: InputRecord, state: &StateRecord) -> Before {
         if let Some(m) = &self.metrics {
             match input {
-                Input::WorkerFailed { failure, .. } => m.worker_exits(failure.exitcode, 1),
-                Input::Stopped(failures) => failures.iter().for_each(|f| m.worker_exits(f.exitcode, 1)),
-                Input::Succeeded => m.worker_exits(0, u64::from(state.nproc())),
-                Input::Membership(event) | Input::JoinChanged(event) => m.membership(membership_cause(event)),
-                Input::Hung(found) if found.judged => m.hang(kind_name(found.verdict.kind)),
+                InputRecord::Exits { exitcode, count } => m.worker_exits(exitcode, count),
+                InputRecord::Failures(failures) => failures.iter().for_each(|f| m.worker_exits(f.exitcode, 1)),
+                InputRecord::Membership(cause) => m.membership(cause),
+                InputRecord::Hang(found) if found.judged => m.hang(kind_name(found.verdict.kind)),
                 _ => {}
             }
         }
-        if let Input::Hung(found) = input {
+        if let InputRecord::Hang(found) = input {
             self.hang(found);
         }
-        Before { at: Instant::now(), restart_count: state.restart_count, excluded: state.excluded.len(), stop_cause }
+        Before { at: Instant::now(), restart_count: state.restart_count, excluded: state.excluded, stop: state.stop }
     }
 
     /// After a step: restarts spent and GPUs excluded (a membership change of this node).
-    pub fn after(&mut self, before: &Before, state: &State) {
+    pub fn after(&mut self, before: &Before, state: &StateRecord) {
         self.ids.restart_count = state.restart_count;
         let Some(m) = &self.metrics else { return };
         if state.restart_count > before.restart_count {
-            m.restart(match before.stop_cause {
-                Some("gpu fault") => "gpu_fault",
-                Some("hang") => "hang",
-                _ => "worker_failure",
-            });
+            m.restart(before.stop.map_or("worker_failure", record::StopKind::restart_label));
         }
-        if state.excluded.len() > before.excluded {
+        if state.excluded > before.excluded {
             m.membership("gpu_excluded");
         }
-        m.restarts_left(state.restarts_left());
+        m.restarts_left(state.restarts_left);
     }
 
     /// A hang found: the verdict (from the node that gave it) and what this node takes part with.
@@ -209,47 +202,45 @@ impl Observer {
     }
 
     /// A GPU fault and what was decided; `count` is how many of its kind this GPU has had.
-    pub fn fault(&self, fault: &Fault, verdict: Verdict, count: u64) {
+    pub fn fault(&self, fault: &Fault, verdict: &str, count: u64) {
         if let Some(m) = &self.metrics {
-            m.gpu_fault(fault.kind.xid(), &fault.kind.to_string(), fault.action.as_str(), verdict.as_str());
+            m.gpu_fault(fault.kind.xid(), &fault.kind.to_string(), fault.action.as_str(), verdict);
         }
         self.emit(
             "muster.gpu.fault",
             json!({ "gpu": fault.gpu.index, "uuid": fault.gpu.uuid, "pci_bus_id": fault.gpu.pci_bus_id,
                     "fault": fault.kind.to_string(), "xid": fault.kind.xid(), "action": fault.action.as_str(),
-                    "verdict": verdict.as_str(), "count": count }),
+                    "verdict": verdict, "count": count }),
         );
     }
 
     /// The agent went `from` → `to` at `now`, `spent` after entering `from`; `input_at` is when the input
     /// that caused it arrived (None for the first and set-up transitions). `state` is None when set-up failed.
-    pub fn transition(&mut self, t: Transition, state: Option<&State>, detail: Value) {
+    pub fn transition(&mut self, t: Transition, state: Option<&StateRecord>, detail: Value) {
         let Transition { from, to, spent, now, input_at } = t;
-        tracing::debug!(from, to, spent_ms = ms(spent), "transition");
+        let (from_name, to_name) = (from.as_str(), to.as_str());
+        tracing::debug!(from = from_name, to = to_name, spent_ms = ms(spent), "transition");
         tracing::Span::current().record("restart", self.ids.restart_count);
-        let mut fields = json!({ "from": from, "to": to, "spent_ms": ms(spent) });
+        let mut fields = json!({ "from": from_name, "to": to_name, "spent_ms": ms(spent) });
         if let (Some(f), Value::Object(d)) = (fields.as_object_mut(), detail) {
             f.extend(d);
         }
         self.emit("muster.agent.transition", fields);
         // A set-up that failed (no state) is never healthy.
-        self.health.set(state.is_some_and(|s| health::healthy(&s.phase)), to);
-        let cause = match state.map(|s| &s.phase) {
-            Some(Phase::Stopping(c)) => c.name(),
-            _ => "",
-        };
+        self.health.set(state.is_some_and(health::healthy), to_name);
+        let cause = state.and_then(|s| s.stop);
         if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause) {
             self.recovered(&r);
         }
         let Some(m) = &self.metrics else { return };
-        m.state(to);
+        m.state(to_name);
         match (to, state) {
-            ("running", Some(s)) => m.local_workers(s.nproc()),
-            ("draining", _) => {
+            (PhaseKind::Running, Some(s)) => m.local_workers(s.nproc),
+            (PhaseKind::Draining, _) => {
                 m.membership("drained");
                 m.local_workers(0);
             }
-            ("running" | "stopping" | "starting", _) => {}
+            (PhaseKind::Running | PhaseKind::Stopping | PhaseKind::Starting, _) => {}
             _ => m.local_workers(0),
         }
     }
@@ -271,7 +262,7 @@ impl Observer {
                     "rendezvous_ms": ms(rendezvous), "spawn_ms": ms(spawn) }),
         );
         if let Some(m) = &self.metrics {
-            m.recovery(&r.cause, r.phases, r.total);
+            m.recovery(r.cause, r.phases, r.total);
         }
     }
 
@@ -281,10 +272,10 @@ impl Observer {
     }
 }
 
-/// One transition, timed (the states by their event names).
+/// One transition, timed.
 pub struct Transition {
-    pub from: &'static str,
-    pub to: &'static str,
+    pub from: PhaseKind,
+    pub to: PhaseKind,
     pub spent: Duration,
     pub now: Instant,
     pub input_at: Option<Instant>,

@@ -5,11 +5,13 @@
 
 use std::time::{Duration, Instant};
 
+use super::record::{PhaseKind, StopKind};
+
 /// One recovery, finished.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Recovery {
     /// What stopped the group (the stop's cause, as transition events name it).
-    pub cause: String,
+    pub cause: &'static str,
     /// detect, stop, rendezvous, spawn (see `metrics::PHASES`).
     pub phases: [Duration; 4],
     pub total: Duration,
@@ -17,15 +19,15 @@ pub struct Recovery {
 
 #[derive(Debug, Default)]
 pub struct Tracker {
-    open: Option<(Instant, String, [Duration; 4])>,
+    open: Option<(Instant, &'static str, [Duration; 4])>,
 }
 
 /// The phase that time spent in `state` counts toward, during a recovery.
-fn phase_of(state: &str) -> Option<usize> {
+fn phase_of(state: PhaseKind) -> Option<usize> {
     match state {
-        "stopping" => Some(1),
-        "restarting" | "rendezvous" => Some(2),
-        "starting" => Some(3),
+        PhaseKind::Stopping => Some(1),
+        PhaseKind::Restarting | PhaseKind::Rendezvous => Some(2),
+        PhaseKind::Starting => Some(3),
         _ => None,
     }
 }
@@ -36,17 +38,17 @@ impl Tracker {
     /// this transition finished.
     pub fn transition(
         &mut self,
-        from: &str,
-        to: &str,
+        from: PhaseKind,
+        to: PhaseKind,
         spent: Duration,
         now: Instant,
         input_at: Instant,
-        cause: &str,
+        cause: Option<StopKind>,
     ) -> Option<Recovery> {
-        if from == "running" && to == "stopping" {
+        if from == PhaseKind::Running && to == PhaseKind::Stopping {
             let mut phases = [Duration::ZERO; 4];
             phases[0] = now.saturating_duration_since(input_at);
-            self.open = Some((input_at.min(now), cause.to_string(), phases));
+            self.open = Some((input_at.min(now), cause.map_or("", StopKind::as_str), phases));
             return None;
         }
         let (started, cause, mut phases) = self.open.take()?;
@@ -54,7 +56,7 @@ impl Tracker {
             Some(i) => phases[i] += spent,
             None => return None,
         }
-        if to == "running" {
+        if to == PhaseKind::Running {
             return Some(Recovery { cause, phases, total: now.saturating_duration_since(started) });
         }
         if phase_of(to).is_some() {
@@ -70,7 +72,7 @@ mod tests {
 
     /// Plays `path` (state, ms spent in it before the next) with the input arriving `detect_ms` before the
     /// stop; returns what the tracker finished.
-    fn play(path: &[(&str, u64)], detect_ms: u64) -> Vec<Recovery> {
+    fn play(path: &[(PhaseKind, u64)], detect_ms: u64) -> Vec<Recovery> {
         let mut t = Tracker::default();
         let base = Instant::now();
         let mut now = base + Duration::from_millis(detect_ms);
@@ -79,18 +81,19 @@ mod tests {
         for w in path.windows(2) {
             let ((from, spent), (to, _)) = (w[0], w[1]);
             let spent = Duration::from_millis(spent);
-            if from != "running" {
+            if from != PhaseKind::Running {
                 now += spent;
             }
-            done.extend(t.transition(from, to, spent, now, input_at, "worker failure"));
+            done.extend(t.transition(from, to, spent, now, input_at, Some(StopKind::WorkerFailure)));
         }
         done
     }
 
     #[test]
     fn phases_tile_the_recovery() {
+        use PhaseKind::*;
         let path =
-            [("running", 0), ("stopping", 40), ("restarting", 2), ("rendezvous", 5), ("starting", 20), ("running", 0)];
+            [(Running, 0), (Stopping, 40), (Restarting, 2), (Rendezvous, 5), (Starting, 20), (Running, 0)];
         let done = play(&path, 3);
         assert_eq!(done.len(), 1);
         let ms = |d: Duration| d.as_millis() as u64;
@@ -101,24 +104,26 @@ mod tests {
 
     #[test]
     fn a_rejoin_in_the_middle_counts_toward_the_rendezvous() {
+        use PhaseKind::*;
         let path = [
-            ("running", 0),
-            ("stopping", 10),
-            ("restarting", 1),
-            ("rendezvous", 5),
-            ("restarting", 1),
-            ("rendezvous", 5),
-            ("starting", 10),
-            ("running", 0),
+            (Running, 0),
+            (Stopping, 10),
+            (Restarting, 1),
+            (Rendezvous, 5),
+            (Restarting, 1),
+            (Rendezvous, 5),
+            (Starting, 10),
+            (Running, 0),
         ];
         assert_eq!(play(&path, 0)[0].phases[2], Duration::from_millis(12));
     }
 
     #[test]
     fn no_recovery_without_a_running_group_before_or_after() {
-        assert!(play(&[("rendezvous", 5), ("starting", 5), ("running", 0)], 0).is_empty(), "a launch");
-        assert!(play(&[("running", 0), ("stopping", 5), ("draining", 5), ("drained", 0)], 0).is_empty());
-        assert!(play(&[("running", 0), ("stopping", 5), ("restarting", 1), ("failed", 0)], 0).is_empty());
-        assert!(play(&[("running", 0), ("finishing", 5), ("succeeded", 0)], 0).is_empty());
+        use PhaseKind::*;
+        assert!(play(&[(Rendezvous, 5), (Starting, 5), (Running, 0)], 0).is_empty(), "a launch");
+        assert!(play(&[(Running, 0), (Stopping, 5), (Draining, 5), (Drained, 0)], 0).is_empty());
+        assert!(play(&[(Running, 0), (Stopping, 5), (Restarting, 1), (Failed, 0)], 0).is_empty());
+        assert!(play(&[(Running, 0), (Finishing, 5), (Succeeded, 0)], 0).is_empty());
     }
 }
