@@ -20,6 +20,13 @@ export SLURM_CONF
 ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
 ensure_nftables # tests/partition.rs cuts hosts in network namespaces with nftables (as root)
 
+# The house, checked before anything builds: no import circle between files of src/, observe independent
+# of the agent, nothing pointing outside the repository, every link in the docs resolving.
+python3 scripts/check-imports.py
+python3 scripts/check-imports.py --check-no-dep observe agent
+scripts/check-self-contained.sh
+python3 scripts/check-links.py
+
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
 cargo clippy --quiet --workspace --all-targets -- -D warnings
