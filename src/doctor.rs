@@ -26,7 +26,7 @@ struct DoctorArgs {
 }
 
 /// Entry point of `muster doctor ARGS...`; returns the exit code.
-pub fn doctor_main(args: &[String]) -> i32 {
+pub fn doctor_main(args: &[String]) -> u8 {
     let args: DoctorArgs = match crate::cli::parse_subcommand("doctor", args) {
         Ok(a) => a,
         Err(code) => return code,
@@ -35,7 +35,7 @@ pub fn doctor_main(args: &[String]) -> i32 {
         Ok(p) => p,
         Err(e) => {
             crate::errln!("muster doctor: error: {e}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     let nvml = match crate::gpu::nvml() {
@@ -43,7 +43,7 @@ pub fn doctor_main(args: &[String]) -> i32 {
         Err(e) => {
             crate::outln!("driver: none ({e})");
             crate::outln!("verdict: UNUSABLE for GPU jobs (no NVIDIA driver)");
-            return 1;
+            return crate::exit::FAILED;
         }
     };
     crate::outln!("driver: {}", nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})")));
@@ -51,7 +51,7 @@ pub fn doctor_main(args: &[String]) -> i32 {
         Ok(g) => g,
         Err(e) => {
             crate::outln!("verdict: UNUSABLE (cannot read the GPU inventory: {e})");
-            return 1;
+            return crate::exit::FAILED;
         }
     };
     crate::outln!("gpus: {}", gpus.len());
@@ -85,7 +85,7 @@ pub fn doctor_main(args: &[String]) -> i32 {
         Ok(r) => r,
         Err(e) => {
             crate::errln!("muster doctor: cannot start the async runtime: {e}");
-            return 1;
+            return crate::exit::FAILED;
         }
     };
     let faults = runtime.block_on(async {
@@ -105,9 +105,9 @@ pub fn doctor_main(args: &[String]) -> i32 {
     }
     if problems.is_empty() {
         crate::outln!("verdict: OK");
-        0
+        crate::exit::SUCCESS
     } else {
         crate::outln!("verdict: UNHEALTHY: {}", problems.join("; "));
-        1
+        crate::exit::FAILED
     }
 }

@@ -13,79 +13,53 @@ use muster::supervisor::failure;
 use muster::supervisor::reaper::{GuardError, OrphanGuard};
 
 fn main() -> ExitCode {
+    ExitCode::from(run())
+}
+
+/// A line of bad input: nothing was started.
+fn usage(e: impl std::fmt::Display) -> u8 {
+    muster::errln!("muster: error: {e}");
+    exit::USAGE
+}
+
+/// This invocation's exit code (`muster::exit`).
+fn run() -> u8 {
     // std::env::args() panics on an argument that is not UTF-8: that is bad input like any other.
     let args: Vec<String> = match std::env::args_os().map(|a| a.into_string()).collect() {
         Ok(args) => args,
-        Err(bad) => {
-            muster::errln!("muster: error: argument {:?} is not valid UTF-8; muster takes UTF-8 arguments only", bad);
-            return ExitCode::from(exit::USAGE);
-        }
+        Err(bad) => return usage(format_args!("argument {bad:?} is not valid UTF-8; muster takes UTF-8 arguments only")),
     };
     // Before any thread or child exists, so the stores, the orphan guard and the tools all see it.
     muster::limits::raise_open_files();
     if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {
-        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+        return code;
     }
     let cli = match cli::parse(&args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return ExitCode::SUCCESS;
+            return exit::SUCCESS;
         }
-        Err(e) => {
-            muster::errln!("muster: error: {}", cli::one_line(&e));
-            return ExitCode::from(exit::USAGE);
-        }
+        Err(e) => return usage(cli::one_line(&e)),
     };
     if let Some(shell) = &cli.print_completion {
         muster::out!("{}", cli::completion_script(shell));
-        return ExitCode::SUCCESS;
+        return exit::SUCCESS;
     }
     // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
     // supervisor/reaper.rs. On bad input it simply exits with the agent: no worker has started.
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),
-        Err(e @ GuardError::BadSetting(_)) => {
-            muster::errln!("muster: error: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
+        Err(e @ GuardError::BadSetting(_)) => return usage(e),
         Err(e) => {
             muster::errln!("muster: error: {e}");
-            return ExitCode::from(exit::FAILED);
+            return exit::FAILED;
         }
     };
     muster::telemetry::init_as(muster::telemetry::LogFormat::from_flag(&cli.log_format));
-    let env = |k: &str| std::env::var(k).ok();
-    let gpu_count = || muster::gpu::device_count().map_err(|e| e.to_string());
-    let host = Host {
-        env: &env,
-        gpu_count: &gpu_count,
-        cpu_count: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
-        fqdn: &muster::host::fqdn,
-    };
-    let cfg = match LaunchConfig::from_cli(&cli, &host) {
-        Ok(cfg) => cfg,
-        Err(e) => {
-            muster::errln!("muster: error: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
-    };
-    // An impossible GPU placement is bad input too: refuse it before anything starts. A possible one makes
-    // this a GPU job: later placements must succeed too.
-    let gpu_job = match cfg.placement(cfg.nproc_per_node, &Default::default()) {
-        Ok(plan) => plan.is_some(),
-        Err(e) => {
-            muster::errln!("muster: error: {e}");
-            return ExitCode::from(exit::USAGE);
-        }
-    };
-    // The metrics port and the event log, like any input, are checked before anything starts.
-    let sinks = match muster::observe::open(&cfg.observe, &cfg.run_id, cfg.max_restarts) {
-        Ok(sinks) => sinks,
-        Err(e) => {
-            muster::errln!("muster: error: {e}");
-            return ExitCode::from(2);
-        }
+    let (cfg, gpu_job, sinks) = match checked(&cli) {
+        Ok(checked) => checked,
+        Err(e) => return usage(e),
     };
     // From here on a failed write to the console is said once, in the agent's log and the event log.
     sinks.events.record_console_loss(&cfg.run_id);
@@ -93,7 +67,7 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => {
             muster::errln!("muster: error: cannot start the async runtime: {e}");
-            return ExitCode::from(exit::FAILED);
+            return exit::FAILED;
         }
     };
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
@@ -103,7 +77,30 @@ fn main() -> ExitCode {
     guard.end();
     // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
     muster::supervisor::logs::flush_console();
-    match &outcome {
+    say_how_it_ended(&outcome);
+    exit::of_outcome(&outcome)
+}
+
+/// Every check of the command line before anything starts: the configuration, the first GPU placement (a
+/// possible one makes this a GPU job: later placements must succeed too), the metrics port and event log.
+fn checked(cli: &cli::Cli) -> Result<(LaunchConfig, bool, muster::observe::Sinks), String> {
+    let env = |k: &str| std::env::var(k).ok();
+    let gpu_count = || muster::gpu::device_count().map_err(|e| e.to_string());
+    let host = Host {
+        env: &env,
+        gpu_count: &gpu_count,
+        cpu_count: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+        fqdn: &muster::host::fqdn,
+    };
+    let cfg = LaunchConfig::from_cli(cli, &host).map_err(|e| e.to_string())?;
+    let gpu_job = cfg.placement(cfg.nproc_per_node, &Default::default()).map_err(|e| e.to_string())?.is_some();
+    let sinks = muster::observe::open(&cfg.observe, &cfg.run_id, cfg.max_restarts).map_err(|e| e.to_string())?;
+    Ok((cfg, gpu_job, sinks))
+}
+
+/// The agent's last words: the drain, the failure summary, or the error.
+fn say_how_it_ended(outcome: &Result<Outcome, muster::agent::AgentError>) {
+    match outcome {
         Ok(Outcome::Succeeded | Outcome::Interrupted(_)) => {}
         Ok(Outcome::Drained(fault)) => muster::errln!(
             "muster: node drained: {} on GPU {} ({}, {}); exiting with {} (node unhealthy)",
@@ -125,5 +122,4 @@ fn main() -> ExitCode {
         }
         Err(e) => muster::errln!("muster: error: {e}"),
     }
-    ExitCode::from(exit::of_outcome(&outcome))
 }

@@ -36,7 +36,7 @@ struct PlanArgs {
 }
 
 /// Entry point of `muster plan ARGS...`; returns the exit code.
-pub fn plan_main(args: &[String]) -> i32 {
+pub fn plan_main(args: &[String]) -> u8 {
     let args: PlanArgs = match crate::cli::parse_subcommand("plan", args) {
         Ok(a) => a,
         Err(code) => return code,
@@ -47,7 +47,7 @@ pub fn plan_main(args: &[String]) -> i32 {
             Ok(n) if n > 0 => Nproc::Exactly(n),
             _ => {
                 crate::errln!("muster plan: error: invalid value '{s}' for '--nproc-per-node': use an integer > 0, gpu or auto");
-                return 2;
+                return crate::exit::USAGE;
             }
         },
     };
@@ -55,7 +55,7 @@ pub fn plan_main(args: &[String]) -> i32 {
         Ok(m) => m,
         Err(e) => {
             crate::errln!("muster plan: error: {e}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     // What the agent would take from the scheduler here (without the flags a launch would add).
@@ -63,7 +63,7 @@ pub fn plan_main(args: &[String]) -> i32 {
         Ok(c) => c.map(|c| c.to_string()),
         Err(e) => {
             crate::errln!("muster plan: error: {e}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     let context = context.as_deref();
@@ -72,11 +72,11 @@ pub fn plan_main(args: &[String]) -> i32 {
         Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason, context),
         Err(e @ (PlacementError::GpuLost(_) | PlacementError::System(_))) => {
             crate::errln!("muster plan: error: {e}");
-            return 1;
+            return crate::exit::FAILED;
         }
         Err(PlacementError::Input(msg)) => {
             crate::errln!("muster plan: error: {msg}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     for w in &planned.selection.warnings {
@@ -86,7 +86,7 @@ pub fn plan_main(args: &[String]) -> i32 {
         return print_json(&planned.plan, context);
     }
     crate::out!("{}{}", context_line(context), table(&planned));
-    0
+    crate::exit::SUCCESS
 }
 
 /// The launch context as the agent's banner says it, on a line of its own (none: nothing).
@@ -95,7 +95,7 @@ fn context_line(context: Option<&str>) -> String {
 }
 
 /// The plan as JSON, with `"context"`: the launch context's line, or null.
-fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
+fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> u8 {
     let value = serde_json::to_value(value).map(|mut v| {
         if let serde_json::Value::Object(fields) = &mut v {
             fields.insert("context".into(), context.into());
@@ -105,11 +105,11 @@ fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
     match value.and_then(|v| serde_json::to_string_pretty(&v)) {
         Ok(text) => {
             crate::outln!("{text}");
-            0
+            crate::exit::SUCCESS
         }
         Err(e) => {
             crate::errln!("muster plan: error: cannot encode the plan: {e}");
-            1
+            crate::exit::FAILED
         }
     }
 }
@@ -117,17 +117,17 @@ fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> i32 {
 /// The plan on a host without NVIDIA GPUs, each rank inheriting this process's CPUs and no GPU. As the
 /// launcher counts workers there: `--nproc-per-node N`, `auto` one per CPU this process may use, no flag 1
 /// (the launcher's default), and `gpu` is an error.
-fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> i32 {
+fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> u8 {
     if args.numa_binding.is_some() || args.gpus.is_some() {
         crate::errln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
-        return 2;
+        return crate::exit::USAGE;
     }
     let cpus = placement::own_cpus();
     let n = match (nproc, args.nproc_per_node.as_deref().map(str::trim)) {
         (Nproc::Exactly(n), _) => n,
         (Nproc::AllUsable, Some("gpu")) => {
             crate::errln!("muster plan: error: '--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto");
-            return 2;
+            return crate::exit::USAGE;
         }
         (Nproc::AllUsable, Some(_)) => cpus.as_ref().map_or(1, |c| u32::try_from(c.len()).unwrap_or(u32::MAX)),
         (Nproc::AllUsable, None) => 1,
@@ -153,7 +153,7 @@ fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&st
         out.push_str(&row([&r.to_string(), "-", "-", "-", "-", "-", &cpus, "-"]));
     }
     crate::out!("{out}");
-    0
+    crate::exit::SUCCESS
 }
 
 /// One line of the rank table.

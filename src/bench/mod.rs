@@ -123,7 +123,7 @@ enum BenchError {
 }
 
 /// Entry point of `muster bench ARGS...` (`args` after the subcommand); returns the exit code.
-pub fn bench_main(args: &[String]) -> i32 {
+pub fn bench_main(args: &[String]) -> u8 {
     let args: BenchArgs = match crate::cli::parse_subcommand("bench", args) {
         Ok(a) => a,
         Err(code) => return code,
@@ -143,18 +143,18 @@ pub fn bench_main(args: &[String]) -> i32 {
                     crate::outln!("{}", report.summary());
                 }
                 if report.problems.is_empty() {
-                    0
+                    crate::exit::SUCCESS
                 } else {
-                    1
+                    crate::exit::FAILED
                 }
             }
             Err(e @ BenchError::Usage(_)) => {
                 crate::errln!("muster bench: error: {e}");
-                2
+                crate::exit::USAGE
             }
             Err(e) => {
                 crate::errln!("muster bench rendezvous: {e}");
-                1
+                crate::exit::FAILED
             }
         },
     }

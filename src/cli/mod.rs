@@ -335,14 +335,14 @@ pub fn parse(args: &[String]) -> Result<Cli, clap::Error> {
 
 /// Parses the arguments of a tool subcommand (`muster NAME ARGS...`, `args` after NAME): the arguments, or
 /// the exit code once clap has printed the help or version (0) or the one-line error (2).
-pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, i32> {
+pub fn parse_subcommand<T: Parser>(name: &str, args: &[String]) -> Result<T, u8> {
     T::try_parse_from(std::iter::once(format!("muster {name}")).chain(args.iter().cloned())).map_err(|e| {
         if e.use_stderr() {
             crate::errln!("muster {name}: error: {}", one_line(&e));
-            2
+            crate::exit::USAGE
         } else {
             let _ = e.print();
-            0
+            crate::exit::SUCCESS
         }
     })
 }

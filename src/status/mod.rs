@@ -87,11 +87,11 @@ pub enum StatusError {
 }
 
 impl StatusError {
-    pub fn exit_code(&self) -> i32 {
+    pub fn exit_code(&self) -> u8 {
         match self {
-            StatusError::Unreachable { .. } | StatusError::NoAnswer { .. } => 3,
-            StatusError::Refused { .. } | StatusError::Setting { .. } => 2,
-            StatusError::UnknownRun { .. } | StatusError::Unreadable { .. } => 1,
+            StatusError::Unreachable { .. } | StatusError::NoAnswer { .. } => crate::exit::RDZV_INCOMPLETE,
+            StatusError::Refused { .. } | StatusError::Setting { .. } => crate::exit::USAGE,
+            StatusError::UnknownRun { .. } | StatusError::Unreadable { .. } => crate::exit::FAILED,
         }
     }
 
@@ -134,7 +134,7 @@ enum Backend {
 }
 
 /// Entry point of `muster status ARGS...`; returns the exit code.
-pub fn status_main(args: &[String]) -> i32 {
+pub fn status_main(args: &[String]) -> u8 {
     let args: StatusArgs = match crate::cli::parse_subcommand("status", args) {
         Ok(a) => a,
         Err(code) => return code,
@@ -143,14 +143,14 @@ pub fn status_main(args: &[String]) -> i32 {
         Ok(t) => t,
         Err(e) => {
             crate::errln!("muster status: error: {e}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(runtime) => runtime,
         Err(e) => {
             crate::errln!("muster status: cannot start the async runtime: {e}");
-            return 1;
+            return crate::exit::FAILED;
         }
     };
     let json = args.format == "json";
@@ -163,19 +163,19 @@ pub fn status_main(args: &[String]) -> i32 {
     }
 }
 
-fn print_snapshot(snapshot: &Snapshot, json: bool) -> i32 {
+fn print_snapshot(snapshot: &Snapshot, json: bool) -> u8 {
     if !json {
         crate::out!("{}", snapshot.table());
-        return 0;
+        return crate::exit::SUCCESS;
     }
     match snapshot.json() {
         Ok(text) => {
             crate::outln!("{text}");
-            0
+            crate::exit::SUCCESS
         }
         Err(e) => {
             crate::errln!("muster status: cannot encode the status as JSON: {e}");
-            1
+            crate::exit::FAILED
         }
     }
 }

@@ -89,7 +89,7 @@ fn job_token(args: &StoreArgs, env: Result<String, std::env::VarError>) -> Resul
 }
 
 /// Entry point of `muster store ARGS...` (`args` after the subcommand); returns the exit code.
-pub fn store_main(args: &[String]) -> i32 {
+pub fn store_main(args: &[String]) -> u8 {
     let args: StoreArgs = match crate::cli::parse_subcommand("store", args) {
         Ok(a) => a,
         Err(code) => return code,
@@ -101,7 +101,7 @@ pub fn store_main(args: &[String]) -> i32 {
         Ok(config) => config,
         Err(e) => {
             crate::errln!("muster store: error: {e}");
-            return 2;
+            return crate::exit::USAGE;
         }
     };
     if config.token.is_none() {
@@ -113,14 +113,14 @@ pub fn store_main(args: &[String]) -> i32 {
         Ok(runtime) => runtime,
         Err(err) => {
             crate::errln!("muster store: cannot start the async runtime: {err}");
-            return 1;
+            return crate::exit::FAILED;
         }
     };
     match runtime.block_on(run_standalone(&args.host, args.port, config)) {
-        Ok(()) => 0,
+        Ok(()) => crate::exit::SUCCESS,
         Err(err) => {
             crate::errln!("muster store: {err}");
-            1
+            crate::exit::FAILED
         }
     }
 }
