@@ -487,7 +487,8 @@ impl Work {
         }
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env = super::gpu::hook_env(fault, &self.cfg.run_id);
-            crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT, &self.guard).await;
+            // Said in the log whatever it came to; a hook never changes how the node ends.
+            let _ = crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT, &self.guard).await;
         }
         Input::Drained
     }

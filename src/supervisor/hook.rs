@@ -29,6 +29,19 @@ impl Drop for GroupGuard {
     }
 }
 
+/// How a hook ended (each is also logged).
+#[derive(Debug, PartialEq, Eq)]
+pub enum HookOutcome {
+    Ran,
+    Failed(std::process::ExitStatus),
+    /// It could not be started (no `sh`, a process limit).
+    NotStarted,
+    /// Its exit status could not be read.
+    Lost,
+    /// Killed at its timeout.
+    TimedOut,
+}
+
 /// Gives the hook's exit status up to the zombie reaper when the wait is over (or dropped).
 struct Disown(i32);
 
@@ -41,7 +54,12 @@ impl Drop for Disown {
 /// Runs `sh -c cmd` with `env` on top of the agent's environment (stdin from /dev/null, output to the
 /// agent's), waits up to `timeout`, and logs the outcome. On timeout its process group is SIGKILLed and its
 /// session swept. Never fails the caller.
-pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, guard: &Arc<OrphanGuard>) {
+pub async fn run_hook(
+    cmd: &str,
+    env: &[(String, String)],
+    timeout: Duration,
+    guard: &Arc<OrphanGuard>,
+) -> HookOutcome {
     let mut command = tokio::process::Command::new("sh");
     // A user's hook gets what workers get: never the job token.
     for name in super::env::WITHHELD {
@@ -63,12 +81,12 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
         Ok(child) => child,
         Err(e) => {
             tracing::warn!("cannot run the hook `{cmd}`: {e}");
-            return;
+            return HookOutcome::NotStarted;
         }
     };
     let Some(pid) = child.id().map(|p| p as i32) else {
         tracing::warn!("the hook `{cmd}` exited before its pid could be read");
-        return;
+        return HookOutcome::NotStarted;
     };
     guard.watch(pid);
     let mut group = GroupGuard(Some(pid));
@@ -83,9 +101,18 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
         let _ = tokio::task::spawn_blocking(move || recheck.recheck()).await;
     }
     match outcome {
-        Ok(Ok(status)) if status.success() => tracing::info!("hook `{cmd}` ran"),
-        Ok(Ok(status)) => tracing::warn!("hook `{cmd}` failed: {status}"),
-        Ok(Err(e)) => tracing::warn!("cannot wait for the hook `{cmd}`: {e}"),
+        Ok(Ok(status)) if status.success() => {
+            tracing::info!("hook `{cmd}` ran");
+            HookOutcome::Ran
+        }
+        Ok(Ok(status)) => {
+            tracing::warn!("hook `{cmd}` failed: {status}");
+            HookOutcome::Failed(status)
+        }
+        Ok(Err(e)) => {
+            tracing::warn!("cannot wait for the hook `{cmd}`: {e}");
+            HookOutcome::Lost
+        }
         Err(_) => {
             group.0 = None;
             let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
@@ -101,6 +128,7 @@ pub async fn run_hook(cmd: &str, env: &[(String, String)], timeout: Duration, gu
                 "hook `{cmd}` did not finish within {timeout:?}; killed its process group ({swept} more process(es) \
                  swept from its session)"
             );
+            HookOutcome::TimedOut
         }
     }
 }
@@ -143,7 +171,13 @@ mod tests {
     #[tokio::test]
     async fn a_failing_or_missing_hook_does_not_fail_the_caller() {
         let guard = Arc::new(OrphanGuard::inert());
-        run_hook("exit 3", &[], Duration::from_secs(30), &guard).await;
-        run_hook("/nonexistent/hook", &[], Duration::from_secs(30), &guard).await;
+        let code = |o: HookOutcome| match o {
+            HookOutcome::Failed(status) => status.code(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(code(run_hook("exit 3", &[], Duration::from_secs(30), &guard).await), Some(3));
+        // sh's own "not found".
+        assert_eq!(code(run_hook("/nonexistent/hook", &[], Duration::from_secs(30), &guard).await), Some(127));
+        assert_eq!(run_hook("true", &[], Duration::from_secs(30), &guard).await, HookOutcome::Ran);
     }
 }
