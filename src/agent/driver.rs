@@ -248,6 +248,7 @@ impl Agent {
             nproc_per_node: cfg.nproc_per_node,
             max_restarts: cfg.max_restarts,
             on_hang: cfg.hang.as_ref().map(|h| h.on_hang).unwrap_or(crate::config::OnHang::Restart),
+            multi_node: cfg.max_nodes > 1,
             gpus: gpus.as_ref().map(|g| g.all.iter().map(|gpu| gpu.index).collect()).unwrap_or_default(),
         };
         let worker_store = WorkerStore {
@@ -291,9 +292,7 @@ impl Agent {
         while !state.is_done() {
             let op = state.op();
             if matches!(op, Op::Start { .. }) {
-                // Whether warm spares are worth starting for this group: another start can come.
-                let next_start = state.restart_count < state.job.max_restarts || work.cfg.max_nodes > 1;
-                work.spares.set_next_start_possible(next_start);
+                work.spares.set_next_start_possible(state.another_start_possible());
             }
             let (completion, forward) = {
                 let run = work.operate(op.clone(), state.restart_count, state.nproc());

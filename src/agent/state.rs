@@ -284,6 +284,8 @@ pub struct Job {
     pub max_restarts: u32,
     /// `--on-hang` (hang detection on or not: without it no hang is found).
     pub on_hang: crate::config::OnHang,
+    /// More than one node may take part (`--nnodes` MAX > 1): the group can be re-formed by others.
+    pub multi_node: bool,
     /// Every GPU index NVML reports on this node.
     pub gpus: BTreeSet<u32>,
 }
@@ -316,6 +318,12 @@ impl State {
     /// Workers this node runs now.
     pub fn nproc(&self) -> u32 {
         self.job.nproc_per_node.saturating_sub(self.excluded.len() as u32)
+    }
+
+    /// Whether another start of the group can follow this one (a restart left, or a membership change from
+    /// another node): whether warm spares for it are worth their memory.
+    pub fn another_start_possible(&self) -> bool {
+        self.restart_count < self.job.max_restarts || self.job.multi_node
     }
 
     pub fn restarts_left(&self) -> u32 {

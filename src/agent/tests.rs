@@ -14,7 +14,14 @@ use crate::rendezvous::RdzvEvent;
 use crate::supervisor::failure::ProcessFailure;
 
 fn job() -> Job {
-    Job { run_id: "job".into(), nproc_per_node: 4, max_restarts: 3, on_hang: crate::config::OnHang::Restart, gpus: (0..4).collect() }
+    Job {
+        run_id: "job".into(),
+        nproc_per_node: 4,
+        max_restarts: 3,
+        on_hang: crate::config::OnHang::Restart,
+        multi_node: false,
+        gpus: (0..4).collect(),
+    }
 }
 
 fn fault(gpu: u32, kind: FaultKind, action: Action) -> Fault {
@@ -407,6 +414,17 @@ fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported(
     state.phase = Phase::Running;
     run(&mut state, vec![hung(true), Input::Stopped(vec![failure(3)])]);
     assert!(matches!(&state.phase, Phase::Finishing(End::Failed(f)) if f.len() == 1), "{:?}", state.phase);
+}
+
+#[test]
+fn warm_spares_are_worth_it_while_another_start_can_come() {
+    // (max restarts, spent, multi-node) -> another start possible
+    let table = [((1, 0, false), true), ((1, 1, false), false), ((0, 0, true), true), ((0, 0, false), false)];
+    for ((max_restarts, spent, multi_node), want) in table {
+        let mut state = State::new(Job { max_restarts, multi_node, ..job() });
+        state.restart_count = spent;
+        assert_eq!(state.another_start_possible(), want, "{max_restarts} {spent} {multi_node}");
+    }
 }
 
 #[test]
