@@ -78,7 +78,7 @@ fn run() -> u8 {
     // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
     muster::supervisor::logs::flush_console();
     say_how_it_ended(&outcome);
-    exit::of_outcome(&outcome)
+    exit::of::of_outcome(&outcome)
 }
 
 /// Every check of the command line before anything starts: the configuration, the first GPU placement (a

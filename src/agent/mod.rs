@@ -41,7 +41,7 @@ use crate::supervisor::logs::LogError;
 use crate::supervisor::reaper::OrphanGuard;
 use crate::supervisor::SupervisorError;
 
-/// What ended the agent with an error; each one's exit code is `crate::exit::of_error`.
+/// What ended the agent with an error; each one's exit code is `crate::exit::of::of_error`.
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error("cannot install signal handlers: {0}")]

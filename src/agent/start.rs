@@ -57,7 +57,7 @@ fn apply_plan(cfg: &LaunchConfig, plan: Option<&Plan>) -> (Vec<(String, String)>
         ("CUDA_DEVICE_ORDER".to_string(), "PCI_BUS_ID".to_string()),
         ("CUDA_VISIBLE_DEVICES".to_string(), plan.visible_devices.clone()),
     ];
-    let node_mode = cfg.numa_binding.as_deref() == Some("node");
+    let node_mode = cfg.numa_binding == Some(crate::gpu::topology::NumaMode::Node);
     let placements = plan
         .ranks
         .iter()

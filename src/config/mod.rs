@@ -81,8 +81,8 @@ pub struct LaunchConfig {
     pub observe: ObserveConfig,
     /// What each GPU fault does.
     pub gpu_policy: crate::gpu::xid::Policy,
-    /// `--numa-binding` mode (torch's names).
-    pub numa_binding: Option<String>,
+    /// `--numa-binding` (torch's modes), parsed.
+    pub numa_binding: Option<crate::gpu::topology::NumaMode>,
     /// `--gpus`: the GPUs to use.
     pub gpus: Option<String>,
     /// The user's hook for a drained node.
@@ -114,7 +114,7 @@ impl LaunchConfig {
     ) -> Result<Option<crate::gpu::topology::Plan>, PlacementError> {
         let plan = crate::gpu::placement::placement_for(
             nproc,
-            self.numa_binding.as_deref(),
+            self.numa_binding,
             self.gpus.as_deref(),
             excluded,
             self.virtual_local_rank,
@@ -218,7 +218,7 @@ impl LaunchConfig {
             gpu_policy: crate::gpu::xid::Policy::parse(&cli.on_gpu_fault, &cli.xid_policy)
                 .map_err(|e| bad(e.to_string()))?,
             on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),
-            numa_binding: cli.numa_binding.clone(),
+            numa_binding: cli.numa_binding.as_deref().map(str::parse).transpose().map_err(bad)?,
             gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
             warm_spares: entrypoint::warm_spares(cli)?,

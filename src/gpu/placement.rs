@@ -86,12 +86,11 @@ pub enum Placed {
 /// (a GPU whose calls stall then counts as lost, [`super::LostReason::NoAnswer`]).
 pub fn placement_for(
     nproc: u32,
-    numa: Option<&str>,
+    numa: Option<NumaMode>,
     gpus_flag: Option<&str>,
     excluded: &BTreeSet<u32>,
     virtual_local_rank: bool,
 ) -> Result<Option<Plan>, PlacementError> {
-    let numa = numa.map(str::parse::<NumaMode>).transpose().map_err(PlacementError::Input)?;
     match compute(Nproc::Exactly(nproc), numa, gpus_flag, excluded, virtual_local_rank)? {
         Placed::Gpus(p) => Ok(Some(p.plan)),
         Placed::NoGpu(_) => Ok(None),
