@@ -367,11 +367,12 @@ fn without_ptrace_permission_a_hang_is_still_judged() {
         .arg("import ctypes, runpy, sys; ctypes.CDLL(None).prctl(4, 0, 0, 0, 0); runpy.run_path(sys.argv[1])")
         .arg(&progress);
     let mut agent = Agent::spawn(&mut cmd);
-    let judged = eventually(LONG, || agent.log().contains("hang: job-wide: no rank made progress since "));
+    // The two ranks are not tied by a collective: which of them stopped first is theirs to say.
+    let judged = eventually(LONG, || agent.log().contains("WARN hang: "));
     assert!(judged, "{}", agent.log());
     let log = agent.log();
     assert_eq!(log.matches("cannot read the workers' Python stacks").count(), 1, "{log}");
-    assert!(log.contains("in unknown (reading its memory is not permitted (ptrace)"), "{log}");
+    assert!(log.contains("unknown (ptrace not permitted)"), "{log}");
     assert_eq!(children_of(agent.guard.pid()).len(), 2, "{log}");
     // SAFETY: kill(2) of a process this test started.
     unsafe { libc::kill(agent.guard.pid(), libc::SIGTERM) };

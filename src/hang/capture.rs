@@ -62,6 +62,18 @@ pub enum CaptureError {
     Failed(String),
 }
 
+impl CaptureError {
+    /// A few words for the verdict line (the stack files and `/stacks` give the whole message).
+    pub fn short(&self) -> &'static str {
+        match self {
+            CaptureError::Denied => "ptrace not permitted",
+            CaptureError::Gone => "process gone",
+            CaptureError::Timeout(_) => "no answer in time",
+            CaptureError::Failed(_) => "stack unreadable",
+        }
+    }
+}
+
 /// One worker's capture.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Capture {

@@ -398,7 +398,7 @@ fn summary(c: &Capture, p: &progress::RankProgress, node: &str, group_rank: u32)
             .main_thread()
             .map(|t| t.frames.iter().take(SUMMARY_FRAMES).map(SummaryFrame::from).collect())
             .unwrap_or_default(),
-        error: c.threads.as_ref().err().map(|e| e.to_string()),
+        error: c.threads.as_ref().err().map(|e| e.short().to_string()),
     }
 }
 

@@ -69,7 +69,8 @@ pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn
     let (moving, stuck): (Vec<&RankSummary>, Vec<&RankSummary>) = ranks.iter().partition(|r| moving(r));
     if !stuck.is_empty() && !moving.is_empty() {
         let newest = moving.iter().filter_map(|r| r.last_progress_ms).max().unwrap_or(now_ms);
-        let rest = format!("the other {} still progress (last at {})", count(moving.len()), clock(newest));
+        let verb = if moving.len() == 1 { "still progresses" } else { "still progress" };
+        let rest = format!("the other {} {verb} (last at {})", count(moving.len()), clock(newest));
         return blame(Kind::Stalled, &stuck, &rest, clock);
     }
     let newest = ranks.iter().filter_map(|r| r.last_progress_ms).max();
@@ -77,7 +78,8 @@ pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn
     if !first.is_empty() && first.len() < ranks.len() {
         let others: Vec<&RankSummary> = ranks.iter().filter(|r| !first.iter().any(|f| f.rank == r.rank)).collect();
         let since = others.iter().filter_map(|r| r.last_progress_ms).min().unwrap_or(now_ms);
-        let rest = format!("the other {} {} since {}", count(others.len()), groups(&others, "wait in"), clock(since));
+        let verb = if others.len() == 1 { "waits in" } else { "wait in" };
+        let rest = format!("the other {} {} since {}", count(others.len()), groups(&others, verb), clock(since));
         return blame(Kind::StoppedFirst, &first, &rest, clock);
     }
     let since = newest.map(clock).unwrap_or_else(|| "their start".into());
@@ -294,7 +296,7 @@ mod tests {
                 Kind::Stalled,
                 vec![1],
                 "hang: rank 1 (node n0, local rank 1) made no progress since t1000; main thread in hang_train.py:88 \
-                 train_step (time.sleep(3600)); the other rank still progress (last at t11900)",
+                 train_step (time.sleep(3600)); the other rank still progresses (last at t11900)",
             ),
             // Every rank in one place.
             (
@@ -315,8 +317,8 @@ mod tests {
     fn a_rank_without_a_stack_says_why() {
         let mut r = rank(3, Some(1_000), frame("x", "y.py", 1, None));
         r.frames.clear();
-        r.error = Some("not permitted".into());
-        assert_eq!(where_in(&r, true), "unknown (not permitted)");
+        r.error = Some(crate::hang::capture::CaptureError::Denied.short().into());
+        assert_eq!(where_in(&r, true), "unknown (ptrace not permitted)");
     }
 
     #[test]
