@@ -218,6 +218,17 @@ def parse_attr(toks, i):
     return j, inner, test
 
 
+def skip_attrs(toks, k):
+    """The index of the first token at or after k that does not belong to an attribute."""
+    n = len(toks)
+    while k < n and toks[k][0] == "#":
+        k2, _, _ = parse_attr(toks, k)
+        if k2 == k + 1:
+            break
+        k = k2
+    return k
+
+
 def skip_item(toks, i):
     """Skip the item (or statement, field, arm) starting at toks[i]; return the index after it."""
     n = len(toks)
@@ -317,12 +328,7 @@ def parse_file(info, src):
                 return
             if test and not inner:
                 # `#[cfg(test)] mod x;` declares a test-only child file
-                k = j
-                while k < n and toks[k][0] == "#":
-                    k2, _, _ = parse_attr(toks, k)
-                    if k2 == k + 1:
-                        break
-                    k = k2
+                k = skip_attrs(toks, j)
                 if k < n and toks[k][0] == "pub":
                     k += 1
                     if k < n and toks[k][0] == "(":
@@ -338,12 +344,7 @@ def parse_file(info, src):
                 # macro_export: remember the macro's name
                 body = "".join(x for x, _ in toks[i:j])
                 if body == "#[macro_export]":
-                    k = j
-                    while k < n and toks[k][0] == "#":
-                        k2, _, _ = parse_attr(toks, k)
-                        if k2 == k + 1:
-                            break
-                        k = k2
+                    k = skip_attrs(toks, j)
                     if k + 2 < n and toks[k][0] == "macro_rules" and toks[k + 1][0] == "!":
                         info.macros.add(toks[k + 2][0])
             i = j
