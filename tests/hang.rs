@@ -253,7 +253,7 @@ fn children_of(pid: i32) -> Vec<i32> {
     kids
 }
 
-/// A 4-worker job of sleepers whose `/stacks` address is read from the agent's log. `denied`: the workers are
+/// A 4-worker job of sleepers, and the address of its metrics endpoint (which serves `/stacks`). `denied`: the workers are
 /// not dumpable (as a process is after exec'ing an interpreter with file capabilities, or a setuid wrapper)
 /// and the agent runs without CAP_SYS_PTRACE (`setpriv`), so ptrace's access check refuses it their memory.
 fn sleepers(dir: &Path, extra: &[&str], denied: bool) -> (Agent, String) {
@@ -280,25 +280,10 @@ fn sleepers(dir: &Path, extra: &[&str], denied: bool) -> (Agent, String) {
         .args(extra)
         .arg(&script);
     let agent = Agent::spawn(&mut cmd);
-    let mut addr = None;
-    eventually(LONG, || {
-        addr = agent.log().lines().find_map(|l| l.split("stacks on ").nth(1).map(|a| a.trim().to_string()));
-        addr.is_some() && (0..4).all(|r| dir.join(r.to_string()).exists())
-    });
-    let addr = addr.unwrap_or_else(|| panic!("no stacks address:\n{}", agent.log()));
+    let addr = metrics_addr(&agent);
+    let started = eventually(LONG, || (0..4).all(|r| dir.join(r.to_string()).exists()));
+    assert!(started, "the sleepers did not start:\n{}", agent.log());
     (agent, addr)
-}
-
-fn http_get(url: &str) -> String {
-    let rest = url.strip_prefix("http://").expect("http url");
-    let (host, path) = rest.split_once('/').map(|(h, p)| (h, format!("/{p}"))).expect("path");
-    let mut s = std::net::TcpStream::connect(host).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
-    use std::io::{Read, Write};
-    write!(s, "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n").expect("write");
-    let mut out = String::new();
-    s.read_to_string(&mut out).expect("read");
-    out
 }
 
 #[test]
@@ -309,18 +294,17 @@ fn get_stacks_shows_every_local_rank_where_it_is() {
     // Each worker marks its file just before it calls nap().
     let mut text = String::new();
     let napping = eventually(LONG, || {
-        text = http_get(&addr);
+        text = http_get(&addr, "/stacks").map(|(_, body)| body).unwrap_or_default();
         text.matches("nap (").count() == 4
     });
     assert!(napping, "{text}");
-    assert!(text.starts_with("HTTP/1.1 200"), "{text}");
+    assert_eq!(http_get(&addr, "/stacks").map(|(status, _)| status), Some(200));
     for r in 0..4 {
         assert!(text.contains(&format!("rank {r} (local rank {r}, pid ")), "rank {r}:\n{text}");
     }
     assert!(text.contains("time.sleep(3600)"), "{text}");
-    let json = http_get(&format!("{addr}?format=json"));
-    let body = &json[json.find("\r\n\r\n").expect("body") + 4..];
-    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    let (_, body) = http_get(&addr, "/stacks?format=json").expect("an answer");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{e}: {body}"));
     assert_eq!(v.as_array().map(Vec::len), Some(4), "{v}");
     assert_eq!(v[0]["threads"]["Ok"][0]["frames"][0]["function"], "nap", "{v}");
     // SAFETY: kill(2) of a process this test started.
@@ -335,7 +319,7 @@ fn without_ptrace_permission_one_line_says_why_and_the_job_goes_on() {
     python();
     let dir = tempfile::tempdir().expect("tempdir");
     let (mut agent, addr) = sleepers(dir.path(), &[], true);
-    let text = http_get(&addr);
+    let (_, text) = http_get(&addr, "/stacks").expect("an answer");
     assert_eq!(
         text.matches("no stack: reading its memory is not permitted (ptrace): grant the agent CAP_SYS_PTRACE").count(),
         4,

@@ -6,8 +6,6 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -16,33 +14,6 @@ use serde_json::Value;
 use common::cluster::*;
 use common::gpus::FakeNode;
 use common::*;
-
-/// `GET path` on `addr` over HTTP/1.0: (status, body), or None when nothing answers.
-fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
-    let mut s = TcpStream::connect(addr).ok()?;
-    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
-    let mut text = String::new();
-    s.read_to_string(&mut text).ok()?;
-    let status = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Some((status, body))
-}
-
-/// The address an agent logged for its metrics endpoint.
-fn metrics_addr(agent: &Agent) -> String {
-    let mut addr = None;
-    eventually(Duration::from_secs(30), || {
-        addr = agent
-            .log()
-            .lines()
-            .find_map(|l| l.split("metrics on http://").nth(1))
-            .and_then(|rest| rest.split('/').next())
-            .map(str::to_string);
-        addr.is_some()
-    });
-    addr.unwrap_or_else(|| panic!("the agent did not log its metrics address:\n{}", agent.log()))
-}
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).expect("a free port")

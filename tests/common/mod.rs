@@ -9,7 +9,7 @@ pub mod netns;
 #[path = "../../fake-nvml/tests/support/mod.rs"]
 pub mod fake_nvml;
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
@@ -167,4 +167,31 @@ pub fn lines_of(reader: impl Read + Send + 'static) -> std::sync::mpsc::Receiver
         }
     });
     rx
+}
+
+/// `GET path` on `addr` over HTTP/1.0: (status, body), or None when nothing answers.
+pub fn http_get(addr: &str, path: &str) -> Option<(u16, String)> {
+    let mut s = std::net::TcpStream::connect(addr).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+    let mut text = String::new();
+    s.read_to_string(&mut text).ok()?;
+    let status = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
+    Some((status, body))
+}
+
+/// The address an agent logged for its metrics endpoint.
+pub fn metrics_addr(agent: &cluster::Agent) -> String {
+    let mut addr = None;
+    eventually(Duration::from_secs(30), || {
+        addr = agent
+            .log()
+            .lines()
+            .find_map(|l| l.split("metrics on http://").nth(1))
+            .and_then(|rest| rest.split('/').next())
+            .map(str::to_string);
+        addr.is_some()
+    });
+    addr.unwrap_or_else(|| panic!("the agent did not log its metrics address:\n{}", agent.log()))
 }
