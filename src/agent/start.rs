@@ -183,12 +183,13 @@ impl Work {
         match started {
             Ok(group) => {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
-                self.stacks.set(group.targets());
+                let targets = group.targets();
+                self.stacks.set(targets.clone());
                 self.attempt_dir = attempt.dir().map(|d| d.to_path_buf());
                 if let (Some(monitor), Some(hooks)) = (self.hang.as_mut(), attempt.progress()) {
                     monitor.arm(crate::hang::Armed {
                         progress: hooks.progress.clone(),
-                        targets: group.targets(),
+                        targets,
                         attempt_dir: self.attempt_dir.clone(),
                         run_dir: self.logs.run_dir().map(|d| d.to_path_buf()),
                         hostname: self.hostname.clone(),
