@@ -509,7 +509,40 @@ mod tests {
     use nix::sys::wait::WaitStatus;
     use nix::unistd::Pid;
 
-    use super::{guard_death_notice, parse_stat, OrphanGuard, ProcStat, Tree};
+    use super::{guard_death_notice, on_child_event, parse_stat, spawn_own, OrphanGuard, ProcStat, Tree};
+
+    /// A child of this process that has exited and not been waited for (a zombie), spawned by `spawn`.
+    fn zombie(spawn: impl FnOnce(&mut tokio::process::Command) -> tokio::process::Child) -> tokio::process::Child {
+        let mut cmd = tokio::process::Command::new("sh");
+        cmd.args(["-c", "exit 3"]);
+        let child = spawn(&mut cmd);
+        let pid = child.id().expect("pid");
+        for _ in 0..1000 {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            if parse_stat(&stat).is_some_and(|p| p.state == 'Z') {
+                return child;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        panic!("pid {pid} never became a zombie");
+    }
+
+    /// The hook's lost status ("cannot wait for the hook: No child processes"): the zombie reaper, run on a
+    /// SIGCHLD, takes only adopted zombies, never the status of a child spawned through `spawn_own`.
+    #[tokio::test]
+    async fn the_zombie_reaper_leaves_an_own_child_s_status_to_its_waiter() {
+        let guard = OrphanGuard::inert();
+        let mut own = zombie(|cmd| spawn_own(cmd).expect("spawn"));
+        let pid = own.id().map_or(0, |p| p as i32);
+        on_child_event(&guard);
+        let status = own.wait().await.expect("its status is still there");
+        assert_eq!(status.code(), Some(3));
+        super::disown(pid);
+        // A child spawned past the registry is what the reaper takes: the case above is not vacuous.
+        let mut stray = zombie(|cmd| cmd.spawn().expect("spawn"));
+        on_child_event(&guard);
+        assert!(stray.wait().await.is_err(), "the reaper took the unregistered child's status");
+    }
 
     #[test]
     fn the_guard_s_death_is_told_with_what_still_covers_the_job() {
