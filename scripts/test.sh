@@ -21,10 +21,12 @@ ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
 ensure_nftables # tests/partition.rs cuts hosts in network namespaces with nftables (as root)
 
 # The house, checked before anything builds: no import circle between files of src/, observe independent
-# of the agent, nothing pointing outside the repository, every link in the docs resolving.
+# of the agent, nothing pointing outside the repository, signals and exit statuses each made in one place,
+# every link in the docs resolving.
 python3 scripts/check-imports.py
 python3 scripts/check-imports.py --check-no-dep observe agent
 scripts/check-self-contained.sh
+scripts/check-house.sh
 python3 scripts/check-links.py
 
 cargo build --release --quiet

@@ -10,7 +10,7 @@ use muster::cli;
 use muster::exit;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::failure;
-use muster::supervisor::reaper::{GuardError, OrphanGuard};
+use muster::supervisor::guard::{GuardError, OrphanGuard};
 
 fn main() -> ExitCode {
     ExitCode::from(run())
@@ -47,7 +47,7 @@ fn run() -> u8 {
         return exit::SUCCESS;
     }
     // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
-    // supervisor/reaper.rs. On bad input it simply exits with the agent: no worker has started.
+    // supervisor/guard.rs. On bad input it simply exits with the agent: no worker has started.
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),
         Err(e @ GuardError::BadSetting(_)) => return usage(e),

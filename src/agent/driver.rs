@@ -25,7 +25,8 @@ use crate::signals::Delivery;
 use crate::store::RdzvStore;
 use crate::store::tcp::Server;
 use crate::supervisor::logs::RunLogs;
-use crate::supervisor::reaper::{self, OrphanGuard};
+use crate::supervisor::guard::OrphanGuard;
+use crate::supervisor::reaper;
 use crate::supervisor::spare::WarmSpares;
 use crate::supervisor::{Watch, WorkerGroup};
 

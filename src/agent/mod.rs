@@ -38,7 +38,7 @@ use crate::rendezvous::RdzvError;
 use crate::store::StoreError;
 use crate::supervisor::failure::ProcessFailure;
 use crate::supervisor::logs::LogError;
-use crate::supervisor::reaper::OrphanGuard;
+use crate::supervisor::guard::OrphanGuard;
 use crate::supervisor::SupervisorError;
 
 /// What ended the agent with an error; each one's exit code is `crate::exit::of::of_error`.

@@ -7,7 +7,7 @@
 //! gone, however it died. The job cgroup is `muster-<pid>` under the agent's own cgroup, so the agent and
 //! the guard stay outside it and any limits of the agent's cgroup (Slurm's step, a container) still apply.
 //! Where it cannot be created (no cgroup v2, no delegation, a read-only cgroupfs, a kernel without
-//! `cgroup.kill`) or `MUSTER_CGROUP=off`, the supervisor relies on sessions and the subreaper (`reaper.rs`).
+//! `cgroup.kill`) or `MUSTER_CGROUP=off`, the supervisor relies on sessions and the subreaper (`guard.rs`, `reaper.rs`).
 
 use std::fmt;
 use std::io::Read;

@@ -8,11 +8,11 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 
 use super::cgroup;
-use super::reaper::{self, OrphanGuard};
+use super::{children, reaper};
+use super::guard::OrphanGuard;
 
 /// How long a killed hook may take to be reaped (SIGKILL; only uninterruptible sleep delays it).
 const REAP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -24,7 +24,7 @@ struct GroupGuard(Option<i32>);
 impl Drop for GroupGuard {
     fn drop(&mut self) {
         if let Some(pgid) = self.0.take() {
-            let _ = killpg(Pid::from_raw(pgid), Signal::SIGKILL);
+            let _ = children::signal_group(pgid, Signal::SIGKILL);
         }
     }
 }
@@ -47,7 +47,7 @@ struct Disown(i32);
 
 impl Drop for Disown {
     fn drop(&mut self) {
-        reaper::disown(self.0);
+        children::disown(self.0);
     }
 }
 
@@ -77,7 +77,7 @@ pub async fn run_hook(
         });
     }
     // Its exit status is ours to read, not the zombie reaper's (which a busy SIGCHLD stream keeps scanning).
-    let mut child = match reaper::spawn_own(&mut command) {
+    let mut child = match children::spawn(&mut command) {
         Ok(child) => child,
         Err(e) => {
             tracing::warn!("cannot run the hook `{cmd}`: {e}");
@@ -98,7 +98,7 @@ pub async fn run_hook(
         // children now rather than at the next SIGCHLD, which may already have come.
         guard.forget(pid);
         let recheck = guard.clone();
-        let _ = tokio::task::spawn_blocking(move || recheck.recheck()).await;
+        let _ = tokio::task::spawn_blocking(move || reaper::recheck(&recheck)).await;
     }
     match outcome {
         Ok(Ok(status)) if status.success() => {
@@ -115,11 +115,9 @@ pub async fn run_hook(
         }
         Err(_) => {
             group.0 = None;
-            let _ = killpg(Pid::from_raw(pid), Signal::SIGKILL);
+            let _ = children::signal_group(pid, Signal::SIGKILL);
             // The sweep runs before the hook is reaped, so its session id cannot have been reused yet.
-            let me = std::process::id() as i32;
-            let sweep = move || reaper::freeze_and_kill(reaper::Tree::scan, |tree, p| p.session == pid && tree.descends(p.pid, me));
-            let swept = tokio::task::spawn_blocking(sweep).await.unwrap_or_default();
+            let swept = tokio::task::spawn_blocking(move || children::kill_session(pid)).await.unwrap_or_default();
             guard.forget(pid);
             if tokio::time::timeout(REAP_TIMEOUT, child.wait()).await.is_err() {
                 tracing::error!("the hook `{cmd}` did not exit after SIGKILL (uninterruptible kernel sleep?)");
@@ -140,7 +138,7 @@ mod tests {
     fn alive(pid: i32) -> bool {
         std::fs::read_to_string(format!("/proc/{pid}/stat"))
             .ok()
-            .and_then(|s| reaper::parse_stat(&s))
+            .and_then(|s| crate::supervisor::proctree::parse_stat(&s))
             .is_some_and(|p| p.state != 'Z' && p.state != 'X')
     }
 

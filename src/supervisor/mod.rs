@@ -1,5 +1,5 @@
-//! Worker processes: spawn, watch, stop. This is the one place that sends signals to workers
-//! (invariant 1). What a death *means* (restart, re-form, give up) is `agent/worker.rs`'s decision; this
+//! Worker processes: spawn, watch, stop. Every signal goes through `children.rs`, the one place that
+//! signals the job's processes (invariant 1). What a death *means* (restart, re-form, give up) is `agent/worker.rs`'s decision; this
 //! file notices it and carries out the stop:
 //!
 //! - exits are noticed when they happen (each child is awaited; no polling tick);
@@ -12,13 +12,16 @@
 //! Workers run in their own session with a parent-death signal of SIGKILL, and are spawned only from the
 //! agent's main thread (the agent loop runs in `block_on` there), because the parent-death signal fires when
 //! the *spawning thread* exits. Where the job has a cgroup (`cgroup.rs`), each joins it before exec.
-//! `reaper.rs` covers the agent being killed outright.
+//! `guard.rs` covers the agent being killed outright; `reaper.rs` reaps what it adopts.
 
 pub mod cgroup;
+pub mod children;
 pub mod env;
 pub mod failure;
+pub mod guard;
 pub mod hook;
 pub mod logs;
+pub mod proctree;
 pub mod reaper;
 pub mod spare;
 pub mod timer;
@@ -30,8 +33,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use nix::sys::signal::{killpg, Signal};
-use nix::unistd::Pid;
+use nix::sys::signal::Signal;
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -40,7 +42,7 @@ use crate::template::safe_substitute;
 pub use env::{GroupSpec, Placement};
 use failure::ProcessFailure;
 use logs::{AttemptLogs, Stream, StreamPlan, WorkerTag};
-use reaper::OrphanGuard;
+use guard::OrphanGuard;
 use spare::{WarmSpares, WorkerCommand};
 
 /// How long the agent waits for tee pipes to drain after the workers are gone.
@@ -252,7 +254,7 @@ impl WorkerGroup {
             }
         };
         self.commands.push(cmd);
-        // Only a child already reaped has no pid, and pid 0 would make every later killpg hit the agent's group.
+        // Only a child already reaped has no pid, and a pid 0 would name the agent's own group.
         let pid = child.id().ok_or_else(|| SupervisorError::NoPid { local_rank, program: program.clone() })? as i32;
         self.guard.watch(pid);
         self.pumps.extend([out, err].into_iter().filter_map(StreamPlan::start_pump));
@@ -266,7 +268,7 @@ impl WorkerGroup {
                     -1
                 }
             };
-            reaper::disown(pid);
+            children::disown(pid);
             let _ = tx.send(Exit { index, code, at: now_secs() });
         });
         tracing::debug!(local_rank, pid, "worker started");
@@ -277,7 +279,7 @@ impl WorkerGroup {
     /// A failed start: nothing of it may keep running.
     fn kill_started(&self) {
         for w in &self.workers {
-            let _ = killpg(Pid::from_raw(w.pid), Signal::SIGKILL);
+            let _ = children::signal_group(w.pid, Signal::SIGKILL);
         }
     }
 
@@ -287,7 +289,7 @@ impl WorkerGroup {
     pub fn notify(&self, sig: Signal) {
         for w in self.workers.iter().filter(|w| w.running) {
             tracing::info!("forwarding {} to process {} (the workers keep running)", sig.as_str(), w.pid);
-            let _ = nix::sys::signal::kill(Pid::from_raw(w.pid), sig);
+            let _ = children::signal(w.pid, sig);
         }
     }
 
@@ -382,7 +384,7 @@ impl WorkerGroup {
     pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<ProcessFailure> {
         for w in self.workers.iter().filter(|w| w.running) {
             tracing::info!("sending process {} closing signal {}", w.pid, sig.as_str());
-            let _ = killpg(Pid::from_raw(w.pid), sig);
+            let _ = children::signal_group(w.pid, sig);
         }
         // A stop whose cause is upgraded (a SIGINT during a restart's stop) sends its signal but keeps the
         // first stop's deadline: one incident, one grace period.
@@ -393,7 +395,7 @@ impl WorkerGroup {
                 Err(_) => {
                     for w in self.workers.iter().filter(|w| w.running) {
                         tracing::warn!("unable to shutdown process {} via {}, forcefully exiting via SIGKILL", w.pid, sig.as_str());
-                        let _ = killpg(Pid::from_raw(w.pid), Signal::SIGKILL);
+                        let _ = children::signal_group(w.pid, Signal::SIGKILL);
                     }
                     while self.running() > 0 {
                         match tokio::time::timeout(KILL_TIMEOUT, self.exits.recv()).await {
@@ -513,5 +515,5 @@ fn spawn_worker(
             Ok(())
         });
     }
-    reaper::spawn_own(&mut cmd)
+    children::spawn(&mut cmd)
 }

@@ -24,12 +24,12 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::sys::signal::{killpg, Signal};
+use nix::sys::signal::Signal;
 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-use nix::unistd::Pid;
 
 use super::env::{Placement, PER_START, WITHHELD};
-use super::reaper::{self, OrphanGuard};
+use super::children;
+use super::guard::OrphanGuard;
 
 /// What a spare runs: `python -u -c BOOTSTRAP MODULES ARGS...`.
 const BOOTSTRAP: &str = include_str!("spare.py");
@@ -194,11 +194,11 @@ impl WarmSpares {
     }
 
     fn kill(&self, spare: Spare) {
-        let _ = killpg(Pid::from_raw(spare.pid), Signal::SIGKILL);
+        let _ = children::signal_group(spare.pid, Signal::SIGKILL);
         self.guard.forget(spare.pid);
         // The status is tokio's to reap (the dropped child goes to its orphan queue) or the adopted-zombie
         // reaper's; either is fine for a process nobody waits for.
-        reaper::disown(spare.pid);
+        children::disown(spare.pid);
     }
 }
 

@@ -286,7 +286,7 @@ fn act(reap: &Reap, sessions: &HashSet<i32>) {
         return;
     };
     tracing::warn!("file timer: timer(s) of pid {} expired ({scopes}); sending {}", reap.pid, sig.as_str());
-    if let Err(e) = nix::sys::signal::kill(pid, sig) {
+    if let Err(e) = super::children::signal(reap.pid, sig) {
         tracing::warn!("file timer: cannot signal pid {}: {e}", reap.pid);
     }
 }

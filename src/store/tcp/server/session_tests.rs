@@ -137,8 +137,7 @@ async fn session_key_of_a_killed_process_vanishes() {
     }
     let written = tokio::time::timeout(TIMEOUT, events.recv()).await.expect("in time");
     assert_eq!(written, Some(event(WatchEventKind::Written, "agents/child")));
-    let pid = nix::unistd::Pid::from_raw(child.id().expect("pid") as i32);
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL).expect("kill");
+    child.start_kill().expect("SIGKILL the holder");
     let deleted = tokio::time::timeout(TIMEOUT, events.recv()).await.expect("in time");
     assert_eq!(deleted, Some(event(WatchEventKind::Deleted, "agents/child")));
     child.wait().await.expect("reaped");
