@@ -159,6 +159,14 @@ impl Server {
         lock(&self.state).clear_except(&wire);
     }
 
+    /// Connections parked in a WAIT or BARRIER on `key` (as the client names it, without torch's
+    /// leading `/`).
+    #[cfg(test)]
+    pub(crate) fn waiters(&self, key: &str) -> usize {
+        let wire = [b"/", key.as_bytes()].concat();
+        lock(&self.state).waiters_on(&wire)
+    }
+
     /// What the connections buffer (see [`ServerConfig::max_buffered_bytes`]).
     pub fn buffered(&self) -> Usage {
         self.budget.usage()

@@ -47,6 +47,26 @@ pub(super) async fn request(
     reply
 }
 
+/// Polls `done` until it holds; panics naming `what` after 10 s. For states of the server that the
+/// sending side cannot observe (a waiter parked, bytes read), so a test never writes the next step
+/// before the server reached the one it is testing.
+pub(super) async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// Waits until `n` connections are parked in a WAIT or BARRIER on `key`: then what the test writes
+/// next wakes them, rather than being found at once by a wait that came late.
+pub(super) async fn parked(server: &Server, key: &str, n: usize) {
+    until(&format!("{n} waiter(s) parked on {key:?}"), || {
+        server.waiters(key) == n
+    })
+    .await
+}
+
 /// True when the server closed the connection (EOF or reset) within the timeout.
 pub(super) async fn closed(stream: &mut TcpStream) -> bool {
     let mut buf = [0; 64];
@@ -119,8 +139,11 @@ async fn waits_time_out_cleanly_and_are_woken_by_other_clients() {
         a.get("later").await.unwrap()
     });
     let mut b = client(&server).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    parked(&server, "late", 1).await;
+    parked(&server, "later", 1).await;
     b.set("late", b"1").await.unwrap();
+    b.ping().await.unwrap(); // SET has no reply: make sure it was applied.
+    assert_eq!(server.waiters("later"), 1, "one of two keys set: still waiting");
     assert!(!waiter.is_finished());
     b.add("later", 7).await.unwrap();
     assert_eq!(waiter.await.unwrap(), b"7");
@@ -134,10 +157,10 @@ async fn barrier_and_blocking_queue_pop_release_other_clients() {
         a.barrier("b", 2, TIMEOUT).await.unwrap();
         a.queue_pop("jobs", true).await.unwrap()
     });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    parked(&server, "b", 1).await;
     assert!(!first.is_finished());
     b.barrier("b", 2, TIMEOUT).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    parked(&server, "jobs", 1).await;
     b.queue_push("jobs", b"j1").await.unwrap();
     assert_eq!(first.await.unwrap().as_deref(), Some(&b"j1"[..]));
     // The count is never reset: a third arrival passes at once.
@@ -159,10 +182,11 @@ async fn clear_deletes_keys_and_keeps_pending_waits() {
     a.ping().await.unwrap();
     let mut waiter = client(&server).await;
     let pending = tokio::spawn(async move { waiter.get("fresh").await.unwrap() });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    parked(&server, "fresh", 1).await;
     server.clear().await;
     assert_eq!(a.num_keys().await.unwrap(), 0);
     assert_eq!(a.queue_len("q").await.unwrap(), 0);
+    assert_eq!(server.waiters("fresh"), 1, "the wait survived the clear");
     assert!(!pending.is_finished());
     a.set("fresh", b"new").await.unwrap();
     assert_eq!(pending.await.unwrap(), b"new");
@@ -293,10 +317,15 @@ async fn handshake_is_required() {
         s.write_all(first).await.unwrap();
         assert!(closed(&mut s).await, "after {first:02x?}");
     }
-    // Unlike torch's libuv server, a VALIDATE split across segments is fine.
+    // Unlike torch's libuv server, a VALIDATE split across segments is fine: the server holds the
+    // first byte alone (the refused connections' bytes gone first) before the rest is sent.
+    until("the refused connections' bytes freed", || server.buffered().now == 0).await;
     let mut s = TcpStream::connect(server.local_addr()).await.unwrap();
     s.write_all(&VALIDATE[..1]).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    until("the server read the first byte of VALIDATE", || {
+        server.buffered().now == 1
+    })
+    .await;
     s.write_all(&VALIDATE[1..]).await.unwrap();
     assert_eq!(
         request(&mut s, Request::Ping { nonce: 9 }, 4).await,
@@ -329,25 +358,32 @@ async fn oversized_frames_and_stuck_clients_do_not_affect_others() {
     .encode(&mut wire);
     greedy.write_all(&wire).await.unwrap();
     assert!(closed(&mut greedy).await);
-    // Half a frame, then silence; and a client that never reads its replies.
+    // Half a frame, then silence: held by the server (the closed connections' bytes gone first).
+    until("the closed connections' bytes freed", || server.buffered().now == 0).await;
     let mut stuck = raw(&server).await;
     stuck.write_all(&[0x01, 200, 0, 0]).await.unwrap();
-    let mut deaf = raw(&server).await;
+    until("the server holds the half frame", || server.buffered().now == 4).await;
+    // And a client that never reads its replies: the server is answering it.
+    let (mut deaf, mut deaf_out) = raw(&server).await.into_split();
     let mut pings = Vec::new();
     for _ in 0..100_000 {
         Request::Ping { nonce: 1 }.encode(&mut pings);
     }
     let flood = tokio::spawn(async move {
-        let _ = deaf.write_all(&pings).await;
-        deaf
+        let _ = deaf_out.write_all(&pings).await;
+        deaf_out
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    let mut first = [0; 1];
+    tokio::time::timeout(Duration::from_secs(10), deaf.peek(&mut first))
+        .await
+        .expect("the server answers the deaf client's pings within 10 s")
+        .unwrap();
     // Served while the stuck and the deaf clients hold their connections (the client's own deadline fails
     // a request that waits on them).
     for i in 0..100 {
         assert_eq!(good.add("n", 1).await.unwrap(), i + 1);
     }
-    drop((stuck, flood));
+    drop((stuck, deaf, flood));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,7 +456,7 @@ async fn shutdown_closes_clients() {
     let addr = server.local_addr();
     let mut c = client(&server).await;
     let waiting = tokio::spawn(async move { c.wait(&["never"], TIMEOUT).await });
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    parked(&server, "never", 1).await;
     server.shutdown().await;
     let err = waiting.await.unwrap().unwrap_err();
     assert!(matches!(err, StoreError::Closed { .. }), "{err}");

@@ -158,6 +158,13 @@ impl State {
         self.conns.get(&id).map_or(0, |c| c.out.len())
     }
 
+    /// Connections whose pending WAIT or BARRIER is registered on `key` (wire form): how tests know
+    /// a waiter is parked before they write what must wake it.
+    #[cfg(test)]
+    pub(crate) fn waiters_on(&self, key: &[u8]) -> usize {
+        self.waiters.get(key).map_or(0, Vec::len)
+    }
+
     /// Deletes every key and queue; pending waits stay pending.
     pub(crate) fn clear(&mut self) {
         let watched = self.has_watchers();
