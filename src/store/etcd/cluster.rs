@@ -61,6 +61,9 @@ pub(super) struct Cluster {
     outage: Mutex<Outage>,
     /// How the endpoints are named in messages.
     pub(super) named: String,
+    /// Watch streams etcd confirmed created and still open (tests wait on it: `testing`).
+    #[cfg(test)]
+    pub(super) watching: std::sync::Arc<AtomicUsize>,
 }
 
 impl Cluster {
@@ -103,6 +106,8 @@ impl Cluster {
             credentials,
             token: Mutex::new(None),
             outage: Mutex::new(Outage::default()),
+            #[cfg(test)]
+            watching: Default::default(),
         })
     }
 

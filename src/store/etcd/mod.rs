@@ -60,6 +60,9 @@ pub struct EtcdStore {
     namespace: Arc<str>,
     timeout: Duration,
     version: String,
+    /// Waits past their first read, waiting for the key's event (tests wait on it: `testing`).
+    #[cfg(test)]
+    parked: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl EtcdStore {
@@ -81,6 +84,8 @@ impl EtcdStore {
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
             version: status.version,
+            #[cfg(test)]
+            parked: Default::default(),
         })
     }
 
@@ -186,6 +191,8 @@ impl Store for EtcdStore {
         if self.get(key).await?.is_some() {
             return Ok(true);
         }
+        #[cfg(test)]
+        let _parked = testing::Gauge::enter(&self.parked);
         loop {
             match timeout_at(deadline, events.recv()).await {
                 Ok(Some(WatchEvent { kind: WatchEventKind::Written, .. })) => return Ok(true),

@@ -4,9 +4,49 @@
 
 use std::net::{TcpListener, TcpStream};
 use std::process::Child;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::{EtcdOptions, EtcdStore};
+
+/// Counts itself in a gauge while it lives: how a test sees that a task reached a state (a wait
+/// parked, a watch created) that the other side of etcd cannot observe.
+pub(crate) struct Gauge(Arc<AtomicUsize>);
+
+impl Gauge {
+    pub(crate) fn enter(gauge: &Arc<AtomicUsize>) -> Gauge {
+        gauge.fetch_add(1, Ordering::SeqCst);
+        Gauge(gauge.clone())
+    }
+}
+
+impl Drop for Gauge {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl EtcdStore {
+    /// This handle's waits now past their first read (the key was missing), waiting for its event.
+    pub(crate) fn parked_waits(&self) -> usize {
+        self.parked.load(Ordering::SeqCst)
+    }
+
+    /// This handle's watch streams that etcd confirmed created (its `created` response), still open.
+    pub(crate) fn open_watches(&self) -> usize {
+        self.cluster.watching.load(Ordering::SeqCst)
+    }
+}
+
+/// Polls `done` until it holds; panics naming `what` after 10 s.
+pub(crate) async fn until(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within 10 s");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
 
 pub struct TestEtcd {
     child: Child,

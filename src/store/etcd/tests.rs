@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::testing::TestEtcd;
+use super::testing::{until, TestEtcd};
 use crate::store::{Store, WatchEventKind, WatchTarget};
 
 #[tokio::test]
@@ -60,9 +60,15 @@ async fn waits_end_when_the_key_comes_or_the_time_is_up() {
     let etcd = TestEtcd::start();
     let s = etcd.store("/t/").await;
     assert!(!s.wait("k", Duration::from_millis(300)).await.unwrap());
+    // A handle of its own, whose only watch is this wait's; the key is written once the wait found
+    // it missing and etcd created its watch, so it is the event that ends the wait.
+    let waiter = etcd.store("/t/").await;
     let writer = etcd.store("/t/").await;
-    let (waited, ()) = tokio::join!(s.wait("k", Duration::from_secs(10)), async {
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let (waited, ()) = tokio::join!(waiter.wait("k", Duration::from_secs(20)), async {
+        until("the wait parked on a created watch", || {
+            waiter.parked_waits() == 1 && waiter.open_watches() == 1
+        })
+        .await;
         writer.set("k", b"v").await.unwrap();
     });
     assert!(waited.unwrap());

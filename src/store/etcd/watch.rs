@@ -102,6 +102,9 @@ impl Follower {
     /// Delivers the stream's events until it ends.
     async fn read(&mut self, mut response: reqwest::Response) -> End {
         let mut buffer: Vec<u8> = Vec::new();
+        // Counts this stream among the cluster's open ones from etcd's "created" to the stream's end.
+        #[cfg(test)]
+        let mut created = None;
         loop {
             let chunk = tokio::select! {
                 chunk = response.chunk() => chunk,
@@ -119,7 +122,10 @@ impl Follower {
                     continue;
                 }
                 match wire::parse_watch_line(&line) {
-                    Ok(WatchMessage::Created) => {}
+                    Ok(WatchMessage::Created) => {
+                        #[cfg(test)]
+                        created.get_or_insert_with(|| super::testing::Gauge::enter(&self.cluster.watching));
+                    }
                     Ok(WatchMessage::Events { events, .. }) => {
                         for e in events {
                             self.next = self.next.max(e.mod_revision + 1);
