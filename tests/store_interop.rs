@@ -11,10 +11,14 @@ use std::io::{BufRead, BufReader, Write as _};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
+use muster::store::tcp::frame::Request;
 use muster::store::tcp::Client;
 use muster::store::StoreError;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
 
 const TIMEOUT: Duration = Duration::from_secs(10);
 const SHORT: Duration = Duration::from_millis(300);
@@ -108,6 +112,94 @@ impl Drop for ServerProcess {
     }
 }
 
+/// The key [`Relay`] sets behind the request it is armed with.
+const APPLIED: &str = "relay-applied";
+
+/// Passes one client connection's bytes to `server` and back, and slips a SET of [`APPLIED`] in
+/// right behind the client request it is armed with, on the same connection. A server applies one
+/// connection's requests in order, and all three go on reading past a pending WAIT or BARRIER; so
+/// once another client sees the key, that request was applied: a wait on keys not yet there is
+/// parked, and what the other client does next is what wakes it (not a write the wait would find
+/// already done, which the same log would hide). SET has no reply: the client sees nothing of it.
+struct Relay {
+    addr: SocketAddr,
+    armed: Arc<Mutex<Option<Vec<u8>>>>,
+}
+
+impl Relay {
+    async fn start(server: SocketAddr) -> Relay {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let armed: Arc<Mutex<Option<Vec<u8>>>> = Arc::default();
+        let slot = armed.clone();
+        tokio::spawn(async move {
+            let (client, _) = listener.accept().await.unwrap();
+            let upstream = TcpStream::connect(server).await.unwrap();
+            upstream.set_nodelay(true).unwrap();
+            client.set_nodelay(true).unwrap();
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = upstream.into_split();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+            });
+            let mut marker = Vec::new();
+            let key = format!("/{APPLIED}");
+            Request::Set { key: key.as_bytes(), value: b"" }.encode(&mut marker);
+            let mut buf = vec![0; 64 << 10];
+            // What is still to pass of the request armed with.
+            let mut rest: Vec<u8> = Vec::new();
+            loop {
+                let n = match from_client.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                if rest.is_empty() {
+                    rest = slot.lock().unwrap().take().unwrap_or_default();
+                }
+                let mut chunk = &buf[..n];
+                if !rest.is_empty() {
+                    let k = rest.len().min(chunk.len());
+                    assert_eq!(chunk[..k], rest[..k], "the client's request is not the armed one");
+                    rest.drain(..k);
+                    let mut head = chunk[..k].to_vec();
+                    if rest.is_empty() {
+                        head.extend_from_slice(&marker);
+                    }
+                    chunk = &chunk[k..];
+                    if to_server.write_all(&head).await.is_err() {
+                        break;
+                    }
+                }
+                if to_server.write_all(chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+        Relay { addr, armed }
+    }
+
+    /// Arms the relay for the client's next request, which must be `request` (keys in wire form).
+    fn behind(&self, request: Request<'_>) {
+        let mut wire = Vec::new();
+        request.encode(&mut wire);
+        *self.armed.lock().unwrap() = Some(wire);
+    }
+}
+
+/// Waits (10 s at most) until the relay's [`APPLIED`] key is set, then deletes it (the log counts
+/// keys).
+async fn applied(other: &mut Client) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !other.check(&[APPLIED]).await.unwrap() {
+        assert!(
+            Instant::now() < deadline,
+            "the server did not apply the relayed request within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(other.delete_key(APPLIED).await.unwrap());
+}
+
 /// The log of torch's own client running the conformance steps against `addr`.
 fn torch_client_log(addr: SocketAddr, queues: bool) -> String {
     let mut command = Command::new(python());
@@ -190,21 +282,25 @@ fn shown<T: Show>(result: Result<T, StoreError>) -> String {
 /// muster's client through the steps of `tcpstore_conformance.py`, in its log format.
 async fn muster_client_log(addr: SocketAddr, queues: bool) -> String {
     let mut log = String::new();
-    let mut s = Client::connect(addr, TIMEOUT).await.unwrap();
+    // Through the relay, which shows when a wait of `s` is parked.
+    let relay = Relay::start(addr).await;
+    let mut s = Client::connect(relay.addr, TIMEOUT).await.unwrap();
     let mut other = Client::connect(addr, TIMEOUT).await.unwrap();
     macro_rules! step {
         ($name:expr, $call:expr) => {
             writeln!(log, "{} -> {}", $name, shown($call.await)).unwrap()
         };
     }
+    // `$call` once the server applied `s`'s next request, `$parks` (so it is parked).
     macro_rules! later {
-        ($client:ident, $call:expr) => {
+        ($parks:expr, $client:ident, $call:expr) => {{
+            relay.behind($parks);
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                applied(&mut $client).await;
                 $call.await.unwrap();
                 $client
             })
-        };
+        }};
     }
     step!("set k v1", s.set("k", b"v1"));
     step!("get k", s.get("k"));
@@ -234,7 +330,13 @@ async fn muster_client_log(addr: SocketAddr, queues: bool) -> String {
     step!("wait [k, cnt]", s.wait(&["k", "cnt"], TIMEOUT));
     step!("wait [k, cnt] 300ms", s.wait(&["k", "cnt"], SHORT));
     step!("wait [nope] 300ms", s.wait(&["nope"], SHORT));
-    let setter = later!(other, other.set("later", b"x"));
+    let setter = later!(
+        Request::Wait {
+            keys: vec![b"/later"]
+        },
+        other,
+        other.set("later", b"x")
+    );
     step!(
         "wait [later] set by another client",
         s.wait(&["later"], Duration::from_secs(5))
@@ -263,7 +365,11 @@ async fn muster_client_log(addr: SocketAddr, queues: bool) -> String {
         step!("queue_pop q blocking", s.queue_pop("q", true));
         step!("queue_pop q empty", s.queue_pop("q", false));
         step!("queue_len q empty", s.queue_len("q"));
-        let pusher = later!(other, other.queue_push("q2", b"late"));
+        let pusher = later!(
+            Request::Wait { keys: vec![b"/q2"] },
+            other,
+            other.queue_push("q2", b"late")
+        );
         step!(
             "queue_pop q2 blocking, pushed by another client",
             s.queue_pop("q2", true)
@@ -273,7 +379,14 @@ async fn muster_client_log(addr: SocketAddr, queues: bool) -> String {
     step!("barrier bar 1", s.barrier("bar", 1, TIMEOUT));
     step!("barrier bar2 2 300ms (alone)", s.barrier("bar2", 2, SHORT));
     step!("get bar2", s.get("bar2"));
-    let peer = later!(other, other.barrier("bar3", 2, TIMEOUT));
+    let peer = later!(
+        Request::Barrier {
+            key: b"/bar3",
+            world_size: 2
+        },
+        other,
+        other.barrier("bar3", 2, TIMEOUT)
+    );
     step!(
         "barrier bar3 2 with another client",
         s.barrier("bar3", 2, Duration::from_secs(5))
