@@ -41,6 +41,28 @@ stress_args() {
     require_positive_ints runs
 }
 
+# it_tests MODULE: sets the array `tests` to the test-runner arguments that run the tests of tests/it/MODULE.rs
+# whose names contain `filter` and none of the `skip` patterns (as stress_args sets them). Every integration test
+# is in one binary, `--test it`, named `MODULE::...`; libtest runs a test that matches any one of its filters, so
+# the names are chosen here and passed with --exact. Exits 2 when no test is left.
+it_tests() {
+    local module="$1" listed name i keep
+    listed="$(cargo test --quiet --test it -- --list "$module::" | sed -n 's/: test$//p')"
+    tests=(--exact)
+    while IFS= read -r name; do
+        [[ -n "$name" && "$name" == "$module::"* && "$name" == *"$filter"* ]] || continue
+        keep=1
+        for ((i = 1; i < ${#skip[@]}; i += 2)); do
+            [[ "$name" != *"${skip[i]}"* ]] || keep=0
+        done
+        [ "$keep" = 0 ] || tests+=("$name")
+    done <<<"$listed"
+    if [ "${#tests[@]}" -eq 1 ]; then
+        echo "$(basename "$0"): no test of tests/it/$module.rs matches '$filter' (with the --skip patterns)" >&2
+        exit 2
+    fi
+}
+
 ensure_python() {
     if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
         return
@@ -110,7 +132,7 @@ ensure_etcd35() {
     echo "$MUSTER_ETCD_35"
 }
 
-# Slurm and munge for tests/slurm.rs (scripts/slurm/cluster.sh runs a two-node cluster on this machine).
+# Slurm and munge for tests/it/slurm.rs (scripts/slurm/cluster.sh runs a two-node cluster on this machine).
 ensure_slurm() {
     if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \
         && command -v srun >/dev/null 2>&1; then
@@ -120,7 +142,7 @@ ensure_slurm() {
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null
 }
 
-# ensure_prometheus: Debian's prometheus server, which tests/observe.rs starts on loopback to scrape the agents.
+# ensure_prometheus: Debian's prometheus server, which tests/it/observe.rs starts on loopback to scrape the agents.
 ensure_prometheus() {
     if command -v prometheus >/dev/null 2>&1; then
         return
@@ -129,7 +151,7 @@ ensure_prometheus() {
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 }
 
-# ensure_nftables: nft for tests/partition.rs, which cuts hosts in network namespaces with nftables rules
+# ensure_nftables: nft for tests/it/partition.rs, which cuts hosts in network namespaces with nftables rules
 # (iproute2's `ip` makes the namespaces; both need root).
 ensure_nftables() {
     if command -v nft >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then

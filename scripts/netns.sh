@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A few "hosts" on one machine, by hand: network namespaces joined by a bridge, the same recipe as
-# tests/common/netns.rs, to reproduce a partition test step by step. Needs root, iproute2 and nftables
+# tests/it/common/netns.rs, to reproduce a partition test step by step. Needs root, iproute2 and nftables
 # (scripts/lib.sh's ensure_nftables installs it).
 #
 #   scripts/netns.sh up N            N hosts PREFIX-h0..h(N-1), host I at 198.18.0.(I+1)/24, plus PREFIX-br
@@ -19,7 +19,7 @@
 # exist only inside the namespaces. All hosts share one hostname (which /etc/hosts maps to loopback), so give
 # each muster `--local-addr <its address>`. The fault table is `bridge $PREFIX` in the bridge namespace.
 #
-# tests/partition.rs's first scenario by hand (c10d, the store hosted by host 0's agent; mkdir /tmp/out first):
+# tests/it/partition.rs's first scenario by hand (c10d, the store hosted by host 0's agent; mkdir /tmp/out first):
 #   scripts/netns.sh up 3
 #   for i in 0 1 2; do scripts/netns.sh exec $i env MUSTER_TEST_NODE=h$i target/debug/muster --nnodes 2:3 \
 #       --rdzv-backend c10d --rdzv-endpoint 198.18.0.1:29400 --rdzv-id demo --local-addr 198.18.0.$((i + 1)) \

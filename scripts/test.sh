@@ -11,14 +11,14 @@ ensure_etcd35 >/dev/null
 
 ensure_slurm
 
-# A two-node Slurm cluster for tests/slurm.rs, stopped however this script ends.
+# A two-node Slurm cluster for tests/it/slurm.rs, stopped however this script ends.
 slurm_dir=$(mktemp -d "${TMPDIR:-/tmp}/muster-slurm.XXXXXX")
 trap 'scripts/slurm/cluster.sh stop "$slurm_dir"; rm -rf "$slurm_dir"' EXIT
 SLURM_CONF=$(scripts/slurm/cluster.sh start "$slurm_dir")
 export SLURM_CONF
 
-ensure_prometheus # tests/observe.rs scrapes the agents with a real Prometheus
-ensure_nftables # tests/partition.rs cuts hosts in network namespaces with nftables (as root)
+ensure_prometheus # tests/it/observe.rs scrapes the agents with a real Prometheus
+ensure_nftables # tests/it/partition.rs cuts hosts in network namespaces with nftables (as root)
 
 # The house, checked before anything builds: no import circle between files of src/, observe independent
 # of the agent, nothing pointing outside the repository, signals and exit statuses each made in one place,
@@ -32,8 +32,16 @@ python3 scripts/check-links.py
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
 cargo clippy --quiet --workspace --all-targets -- -D warnings
-# Integration tests start real torch workers; two at a time keeps a 2-core machine honest.
-cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+# Integration tests start real torch workers; two at a time keeps a 2-core machine honest. The partition
+# scenarios measure seconds and run one at a time: in the full run they come last, with the machine to themselves,
+# as when they were a test binary of their own (all integration tests are one binary now, `--test it`). A run
+# given arguments runs what they select together.
+if [ $# -eq 0 ]; then
+    cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" --skip partition::
+    cargo test --quiet --test it -- --test-threads=1 partition::
+else
+    cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+fi
 # The same store and rendezvous suites against etcd 3.5 (the run above used 3.4): both supported majors.
 MUSTER_ETCD="$MUSTER_ETCD_35" cargo test --quiet --lib -- --test-threads="${MUSTER_TEST_THREADS:-2}" etcd
 # The wheel, the .deb and the Kubernetes manifests, from the release build above.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Plays every GPU/agent incident of tests/incidents.rs N times on the fake NVML (3-4 agents on loopback each)
+# Plays every GPU/agent incident of tests/it/incidents.rs N times on the fake NVML (3-4 agents on loopback each)
 # and prints one row per incident: runs, unexpected outcomes, the documented result, median and worst time
 # to re-form (or to the decisive event). Exit 1 if any run ended otherwise. The whole log is kept in
 # target/stress/incidents.log.
@@ -10,10 +10,11 @@ source scripts/lib.sh
 stress_args "scripts/stress/$(basename "$0")" 2,5 20 "$@"
 ensure_venv
 cargo build --quiet --workspace --tests
+it_tests incidents
 mkdir -p target/stress
 log=target/stress/incidents.log
 set +e
-MUSTER_INCIDENT_RUNS="$runs" cargo test --quiet --test incidents -- --test-threads=1 --nocapture "${skip[@]}" $filter >"$log" 2>&1
+MUSTER_INCIDENT_RUNS="$runs" cargo test --quiet --test it -- --test-threads=1 --nocapture "${tests[@]}" >"$log" 2>&1
 rc=$?
 set -e
 echo "| incident | runs | unexpected | documented result | median | worst |"

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# Runs the network-partition scenarios of tests/partition.rs N times (hosts in network namespaces, silent
+# Runs the network-partition scenarios of tests/it/partition.rs N times (hosts in network namespaces, silent
 # cuts with nftables; root needed) and prints one row per scenario: runs, passed, the worst split brain
 # (seconds an old worker of the cut node overlapped a new-round worker), the survivors' re-form time and the
 # cut node's exit time after the cut (median / max), and the medians of the scenario's other measurements.
 # Exit 1 if any run failed. Every run's log is kept in target/stress/partition.log and the measurements (one
 # JSON line per scenario run) in target/stress/partition.jsonl.
 # Usage: scripts/stress/partition.sh [--runs N] [--skip PATTERN]... [test-name-filter]
-#   --skip PATTERN   leaves out the tests whose name contains PATTERN (the test harness's --skip), e.g.
-#                    --skip loss:: for the four minutes of packet loss
+#   --skip PATTERN   leaves out the tests whose name contains PATTERN (as the test harness's --skip), e.g.
+#                    --skip loss:: for the four minutes of packet loss; the filter too is a part of the name
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source scripts/lib.sh
@@ -16,7 +16,8 @@ stress_args "scripts/stress/$(basename "$0")" 2,11 5 "$@"
 ensure_venv
 ensure_etcd
 ensure_nftables
-cargo test --quiet --test partition --no-run
+cargo test --quiet --test it --no-run
+it_tests partition
 mkdir -p target/stress
 log=target/stress/partition.log
 report=target/stress/partition.jsonl
@@ -26,7 +27,7 @@ failed=0
 for ((run = 1; run <= runs; run++)); do
     echo "=== run $run of $runs" >>"$log"
     set +e
-    MUSTER_PARTITION_REPORT="$PWD/$report" cargo test --quiet --test partition -- --test-threads=1 "${skip[@]}" $filter >>"$log" 2>&1
+    MUSTER_PARTITION_REPORT="$PWD/$report" cargo test --quiet --test it -- --test-threads=1 "${tests[@]}" >>"$log" 2>&1
     rc=$?
     set -e
     if [ "$rc" -ne 0 ]; then

@@ -47,7 +47,7 @@ mod tests {
         assert_eq!(reach_any(&[open], t).await, Reach::Path);
         assert_eq!(reach_any(&[closed], t).await, Reach::Path, "a refusal comes from a host that is there");
         assert_eq!(reach_any(&[], t).await, Reach::NoPath);
-        // A host that answers nothing at all is the netns tests' (tests/partition.rs): traffic here stays on
+        // A host that answers nothing at all is the netns tests' (tests/it/partition.rs): traffic here stays on
         // loopback, where every host answers.
     }
 }

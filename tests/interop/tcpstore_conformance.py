@@ -5,7 +5,7 @@ Usage: tcpstore_conformance.py HOST PORT [--no-queues]
 Every operation of torch's TCPStore client runs against the server at HOST:PORT (which must be
 fresh: key counts are logged), one line per step: `<step> -> <result>`. Bytes print as hex,
 errors as `error:<exception class>`. Running it against torch's servers and against muster's
-must give identical logs; `tests/store_interop.rs` checks that, and runs muster's Rust client
+must give identical logs; `tests/it/store_interop.rs` checks that, and runs muster's Rust client
 through the same steps. `--no-queues` leaves out the queue steps, which torch's legacy server
 does not implement. `ping` is not exposed in Python; the client's constructor sends one.
 """

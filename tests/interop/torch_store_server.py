@@ -5,7 +5,7 @@ Usage: torch_store_server.py libuv|legacy
 Starts a server on an ephemeral port (world_size unset, so no `init/` key) and prints one line,
 `torch store listening on <port>`; each line read from stdin starts one more, fresh server and
 prints its line the same way (a fresh store costs no new torch import). Used by
-`tests/store_interop.rs` and `scripts/bench/store.sh`.
+`tests/it/store_interop.rs` and `scripts/bench/store.sh`.
 """
 
 import sys

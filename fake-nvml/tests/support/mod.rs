@@ -2,7 +2,7 @@
 //!
 //! Usable from any crate of the workspace:
 //! ```ignore
-//! #[path = "../fake-nvml/tests/support/mod.rs"]   // from muster's tests/
+//! #[path = "../../../fake-nvml/tests/support/mod.rs"]   // from muster's tests/it/common/
 //! mod fake_nvml;
 //! let lib: std::path::PathBuf = fake_nvml::library();
 //! ```

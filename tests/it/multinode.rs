@@ -1,0 +1,357 @@
+//! Several agents as separate processes on 127.0.0.1: elastic rendezvous, dead peers, joiners, restarts.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::cluster::*;
+use common::*;
+
+struct Job {
+    dir: tempfile::TempDir,
+    script: PathBuf,
+    run_id: String,
+    /// Set for every agent on top of the test's environment.
+    envs: Vec<(&'static str, String)>,
+}
+
+impl Job {
+    fn new() -> Job {
+        Job {
+            dir: tempfile::tempdir().unwrap(),
+            script: fixture("elastic_worker.py"),
+            run_id: format!("job{}", std::process::id()),
+            envs: Vec::new(),
+        }
+    }
+
+    fn args(&self, nnodes: &str, nproc: u32, endpoint: &str, extra: &[&str]) -> Vec<String> {
+        let mut a: Vec<String> = vec![
+            format!("--nnodes={nnodes}"),
+            format!("--nproc-per-node={nproc}"),
+            "--rdzv-backend=c10d".into(),
+            format!("--rdzv-endpoint={endpoint}"),
+            format!("--rdzv-id={}", self.run_id),
+            "--shutdown-timeout=5".into(),
+        ];
+        a.extend(extra.iter().map(|s| s.to_string()));
+        a.push(self.script.display().to_string());
+        a.push(self.dir.path().display().to_string());
+        a
+    }
+
+    /// Starts the agent that hosts the store (port 0: the OS picks), then the others on its port.
+    fn start(&self, nodes: &[&str], nnodes: &str, nproc: u32, conf: &str, extra: &[&str]) -> Vec<Agent> {
+        let host_conf = format!("--rdzv-conf=is_host=1,{conf}");
+        let mut host_extra = vec![host_conf.as_str()];
+        host_extra.extend_from_slice(extra);
+        let host = Agent::start_with_env(nodes[0], &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra), &self.envs);
+        let port = host.hosted_port();
+        let mut agents = vec![host];
+        for node in &nodes[1..] {
+            agents.push(self.join(node, port, nnodes, nproc, conf, extra));
+        }
+        agents
+    }
+
+    fn join(&self, node: &str, port: u16, nnodes: &str, nproc: u32, conf: &str, extra: &[&str]) -> Agent {
+        let conf = format!("--rdzv-conf={conf}");
+        let mut all = vec![conf.as_str()];
+        all.extend_from_slice(extra);
+        Agent::start_with_env(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all), &self.envs)
+    }
+
+    fn finish(&self) {
+        std::fs::write(self.dir.path().join("finish"), "").unwrap();
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+fn group_rank_of(starts: &[Start], node: &str) -> u32 {
+    starts.iter().find(|s| s.node == node).map(|s| s.group_rank).unwrap_or_else(|| panic!("{node} not in {starts:?}"))
+}
+
+#[test]
+fn three_agents_form_one_world_with_torchrun_ranks() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b", "c"], "2:3", 2, "last_call_timeout=5", &[]);
+    let world = wait_world(job.path(), 6, 6);
+    assert_eq!(world.len(), 6, "{world:?}");
+    let mut group_ranks: Vec<u32> = world.iter().map(|s| s.group_rank).collect();
+    group_ranks.sort();
+    group_ranks.dedup();
+    assert_eq!(group_ranks, [0, 1, 2]);
+    for s in &world {
+        assert_eq!(s.rank, s.group_rank * 2 + s.local_rank, "torchrun's RANK = GROUP_RANK * nproc + LOCAL_RANK: {s:?}");
+        assert_eq!(s.restart_count, 0);
+    }
+    let mut ranks: Vec<u32> = world.iter().map(|s| s.rank).collect();
+    ranks.sort();
+    assert_eq!(ranks, [0, 1, 2, 3, 4, 5]);
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+#[test]
+fn two_agents_train_a_real_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let result = dir.path().join("result.json");
+    let args = |endpoint: &str, conf: &str| -> Vec<String> {
+        vec![
+            "--nnodes=2".into(),
+            "--nproc-per-node=2".into(),
+            "--rdzv-backend=c10d".into(),
+            format!("--rdzv-endpoint={endpoint}"),
+            format!("--rdzv-conf={conf}"),
+            format!("--rdzv-id=train{}", std::process::id()),
+            example("train.py").display().to_string(),
+            "--result".into(),
+            result.display().to_string(),
+            "--ckpt-dir".into(),
+            dir.path().join("ckpt").display().to_string(),
+        ]
+    };
+    let mut a = Agent::start("a", &args("127.0.0.1:0", "is_host=1"));
+    let port = a.hosted_port();
+    let mut b = Agent::start("b", &args(&format!("127.0.0.1:{port}"), "read_timeout=60"));
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+    let r: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&result).unwrap()).unwrap();
+    assert_eq!(r["world_size"], 4, "{r}");
+    assert_eq!(r["steps"], 40, "{r}");
+}
+
+#[test]
+fn kill_9_of_an_agent_reforms_the_survivors_without_spending_a_restart() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b", "c"], "2:3", 1, "last_call_timeout=5", &["--max-restarts=0"]);
+    let before = wait_world(job.path(), 3, 3);
+    // A non-host node dies (killing the host is the store-host test's case): the one ranked last of b and c.
+    let last = ["b", "c"].into_iter().max_by_key(|n| group_rank_of(&before, n)).unwrap();
+    let index = ["a", "b", "c"].iter().position(|n| *n == last).unwrap();
+    let victim: Vec<i32> = before.iter().filter(|s| s.node == last).map(|s| s.pid).collect();
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[index].guard.pid(), libc::SIGKILL) };
+    let gone = eventually(Duration::from_secs(1), || victim.iter().all(|p| !alive(*p)));
+    assert!(gone, "workers of the killed agent outlived it by 1 s: {victim:?}");
+    let after = wait_world(job.path(), 2, 2);
+    assert!(after.iter().all(|s| s.restart_count == 0), "a peer's death spent a restart: {after:?}");
+    // Survivors keep their relative order, compacted to 0..n.
+    let mut survivors: Vec<&str> = ["a", "b", "c"].into_iter().filter(|n| *n != last).collect();
+    survivors.sort_by_key(|n| group_rank_of(&before, n));
+    for (rank, node) in survivors.iter().enumerate() {
+        assert_eq!(group_rank_of(&after, node), rank as u32, "{node}: ranks before {before:?}, after {after:?}");
+    }
+    job.finish();
+    agents.remove(index);
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+/// With `--warm-spares`, the survivors' new workers are the spares (torch already imported), in the smaller
+/// world; the killed agent's spares die with it.
+#[test]
+fn with_warm_spares_the_survivors_of_a_kill_9_restart_from_spares() {
+    let mut job = Job::new();
+    let spares_dir = tempfile::tempdir().unwrap();
+    job.envs.push(("MUSTER_TEST_WARM_DIR", spares_dir.path().display().to_string()));
+    let warm = ["--warm-spares=torch.distributed,warm_marker", "--warm-spares-delay=0"];
+    let mut agents = job.start(&["a", "b"], "1:2", 2, "last_call_timeout=5", &warm);
+    let before = wait_world(job.path(), 4, 4);
+    let spares = || -> Vec<i32> {
+        std::fs::read_dir(spares_dir.path())
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().strip_prefix("spare-").and_then(|p| p.parse().ok()))
+            .collect()
+    };
+    assert!(eventually(LONG, || spares().len() == 4), "each agent starts two spares: {:?}", spares());
+    let idle = spares();
+    let victim: Vec<i32> = before.iter().filter(|s| s.node == "b").map(|s| s.pid).collect();
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[1].guard.pid(), libc::SIGKILL) };
+    let after = wait_world(job.path(), 2, 2);
+    assert!(after.iter().all(|s| s.node == "a" && idle.contains(&s.pid)), "survivors started from spares: {after:?}, spares {idle:?}");
+    let b_spares: Vec<i32> = idle.iter().copied().filter(|p| !after.iter().any(|s| s.pid == *p)).collect();
+    let gone = eventually(Duration::from_secs(1), || victim.iter().chain(&b_spares).all(|p| !alive(*p)));
+    assert!(gone, "the killed agent's workers or spares outlived it: {victim:?} {b_spares:?}");
+    job.finish();
+    assert_eq!(agents[0].exit_code(LONG), Some(0), "{}", agents[0].log());
+}
+
+#[test]
+fn a_worker_crash_restarts_every_node_and_spends_only_its_own_restart() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b"], "2", 1, "last_call_timeout=5", &["--max-restarts=1"]);
+    let before = wait_world(job.path(), 2, 2);
+    std::fs::write(job.path().join("crash-b"), "").unwrap();
+    let ok = eventually(LONG, || starts(job.path()).len() >= 4);
+    assert!(ok, "the group was not restarted: {:?}", starts(job.path()));
+    wait_world(job.path(), 2, 4);
+    let second: Vec<Start> = starts(job.path()).into_iter().skip(2).collect();
+    for s in &second {
+        let expected = if s.node == "b" { 1 } else { 0 };
+        assert_eq!(s.restart_count, expected, "{s:?}");
+        assert_eq!(s.group_rank, group_rank_of(&before, &s.node), "group ranks are stable across a restart");
+    }
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+#[test]
+fn a_late_agent_scales_the_group_up_in_one_restart() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b", "c"], "2:4", 1, "last_call_timeout=2", &[]);
+    wait_world(job.path(), 3, 3);
+    let port = agents[0].hosted_port();
+    agents.push(job.join("d", port, "2:4", 1, "last_call_timeout=2", &[]));
+    let world = wait_world(job.path(), 4, 4);
+    assert_eq!(world.len(), 4, "{world:?}");
+    let worlds: Vec<u32> = starts(job.path()).iter().map(|s| s.world_size).collect();
+    assert_eq!(worlds.iter().filter(|w| **w == 3).count(), 3, "one round of three, then one of four: {worlds:?}");
+    assert_eq!(worlds.len(), 7, "exactly one re-formation: {worlds:?}");
+    assert_eq!(group_rank_of(&world, "d"), 3, "the newcomer is appended");
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+#[test]
+fn a_mismatched_agent_is_refused_and_the_job_is_unharmed() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b"], "2:3", 1, "last_call_timeout=1", &[]);
+    wait_world(job.path(), 2, 2);
+    let port = agents[0].hosted_port();
+    let mut other = Agent::start(
+        "c",
+        &[
+            "--nnodes=2:3".into(),
+            "--nproc-per-node=2".into(),
+            "--rdzv-backend=c10d".into(),
+            format!("--rdzv-endpoint=127.0.0.1:{port}"),
+            format!("--rdzv-id={}", job.run_id),
+            fixture("dump_env.py").display().to_string(),
+            job.path().display().to_string(),
+        ],
+    );
+    assert_eq!(other.exit_code(LONG), Some(1), "{}", other.log());
+    let log = other.log();
+    assert!(log.contains("does not match the running job"), "{log}");
+    assert!(log.contains("dump_env.py") && log.contains("elastic_worker.py"), "names the scripts: {log}");
+    assert!(log.contains("--nproc-per-node 2 (the job uses 1)"), "names the nproc difference: {log}");
+    assert_eq!(starts(job.path()).len(), 2, "the running job was disturbed");
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+#[test]
+fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 1 on loopback: nothing listens there.
+    let mut a = Agent::start(
+        "a",
+        &[
+            "--nnodes=2".into(),
+            "--rdzv-backend=c10d".into(),
+            "--rdzv-endpoint=127.0.0.1:1".into(),
+            "--rdzv-conf=is_host=0,join_timeout=2".into(),
+            fixture("elastic_worker.py").display().to_string(),
+            dir.path().display().to_string(),
+        ],
+    );
+    assert_eq!(a.exit_code(LONG), Some(3), "the rendezvous did not complete: {}", a.log());
+    let log = a.log();
+    assert!(log.contains("127.0.0.1:1") && log.contains("could not reach the store"), "{log}");
+    assert!(!dir.path().join("starts").exists(), "no worker may start");
+}
+
+#[test]
+fn a_killed_store_host_fails_every_agent_clearly_and_leaves_no_orphan() {
+    let job = Job::new();
+    // A store that does not answer is asked again for read_timeout (it may be restarting): 5 s here.
+    let mut agents = job.start(&["a", "b"], "2", 1, "last_call_timeout=1,read_timeout=5", &[]);
+    let world = wait_world(job.path(), 2, 2);
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[0].guard.pid(), libc::SIGKILL) };
+    assert_eq!(agents[1].exit_code(LONG), Some(3), "the store was lost: {}", agents[1].log());
+    assert!(agents[1].log().contains("lost the connection to the rendezvous store"), "{}", agents[1].log());
+    let pids: Vec<i32> = world.iter().map(|s| s.pid).collect();
+    assert!(eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))), "orphans: {pids:?}");
+}
+
+#[test]
+fn static_rendezvous_uses_node_ranks_and_the_master_port() {
+    let dir = tempfile::tempdir().unwrap();
+    // Static needs a port known to every node in advance, as with torchrun's --master-port.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let args = |rank: u32| -> Vec<String> {
+        vec![
+            "--nnodes=2".into(),
+            "--nproc-per-node=2".into(),
+            "--rdzv-backend=static".into(),
+            format!("--node-rank={rank}"),
+            "--master-addr=127.0.0.1".into(),
+            format!("--master-port={port}"),
+            fixture("elastic_worker.py").display().to_string(),
+            dir.path().display().to_string(),
+        ]
+    };
+    // Node 1 first: it waits for node 0, which hosts the store on the master port.
+    let mut b = Agent::start("b", &args(1));
+    let mut a = Agent::start("a", &args(0));
+    let world = wait_world(dir.path(), 4, 4);
+    for s in &world {
+        assert_eq!(s.group_rank, if s.node == "a" { 0 } else { 1 }, "GROUP_RANK is --node-rank: {s:?}");
+        assert_eq!(s.rank, s.group_rank * 2 + s.local_rank);
+    }
+    std::fs::write(dir.path().join("finish"), "").unwrap();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+}
+
+#[test]
+fn a_stopped_agent_is_evicted_by_heartbeat_and_the_others_reform() {
+    let job = Job::new();
+    let conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2";
+    let mut agents = job.start(&["a", "b", "c"], "2:3", 1, conf, &[]);
+    wait_world(job.path(), 3, 3);
+    // SIGSTOP: the agent hangs with its store connection open, so only missing heartbeats reveal it.
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[2].guard.pid(), libc::SIGSTOP) };
+    let after = wait_world(job.path(), 2, 2);
+    assert!(after.iter().all(|s| s.node != "c" && s.restart_count == 0), "{after:?}");
+    // SAFETY: plain kill(2).
+    unsafe { libc::kill(agents[2].guard.pid(), libc::SIGKILL) };
+    job.finish();
+    for a in &mut agents[..2] {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
+#[test]
+fn a_node_that_finishes_first_waits_for_the_others_without_disturbing_them() {
+    let job = Job::new();
+    let conf = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=2";
+    let mut agents = job.start(&["a", "b"], "1:2", 1, conf, &[]);
+    wait_world(job.path(), 2, 2);
+    std::fs::write(job.path().join("finish-a"), "").unwrap();
+    // Longer than the heartbeat eviction window: a finished node in the exit barrier must stay "alive".
+    std::thread::sleep(Duration::from_secs(4));
+    assert_eq!(starts(job.path()).len(), 2, "the still-running node restarted: {:?}", starts(job.path()));
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
