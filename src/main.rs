@@ -11,65 +11,54 @@ use muster::exit;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::failure;
 use muster::supervisor::guard::{GuardError, OrphanGuard};
+use muster::tools::{self, Threads, ToolError};
 
 fn main() -> ExitCode {
-    ExitCode::from(run())
+    ExitCode::from(tools::finish("muster", run()))
 }
 
 /// A line of bad input: nothing was started.
-fn usage(e: impl std::fmt::Display) -> u8 {
-    muster::errln!("muster: error: {e}");
-    exit::USAGE
+fn usage(e: impl std::fmt::Display) -> ToolError {
+    ToolError::Usage(e.to_string())
 }
 
-/// This invocation's exit code (`muster::exit`).
-fn run() -> u8 {
+/// This invocation's exit code (`muster::exit`), or how it failed before the agent ran.
+fn run() -> Result<u8, ToolError> {
     // std::env::args() panics on an argument that is not UTF-8: that is bad input like any other.
     let args: Vec<String> = match std::env::args_os().map(|a| a.into_string()).collect() {
         Ok(args) => args,
-        Err(bad) => return usage(format_args!("argument {bad:?} is not valid UTF-8; muster takes UTF-8 arguments only")),
+        Err(bad) => return Err(usage(format_args!("argument {bad:?} is not valid UTF-8; muster takes UTF-8 arguments only"))),
     };
     // Before any thread or child exists, so the stores, the orphan guard and the tools all see it.
     muster::limits::raise_open_files();
-    if let Some(code) = args.get(1).and_then(|name| muster::tools::dispatch(name, &args[2..])) {
-        return code;
+    if let Some(code) = args.get(1).and_then(|name| tools::dispatch(name, &args[2..])) {
+        return Ok(code);
     }
     let cli = match cli::parse(&args) {
         Ok(cli) => cli,
         Err(e) if !e.use_stderr() => {
             let _ = e.print();
-            return exit::SUCCESS;
+            return Ok(exit::SUCCESS);
         }
-        Err(e) => return usage(cli::one_line(&e)),
+        Err(e) => return Err(usage(cli::one_line(&e))),
     };
     if let Some(shell) = &cli.print_completion {
         muster::out!("{}", cli::completion_script(shell));
-        return exit::SUCCESS;
+        return Ok(exit::SUCCESS);
     }
     // Forked before any thread exists (NVML, loaded by the checks below, may start threads of its own); see
     // supervisor/guard.rs. On bad input it simply exits with the agent: no worker has started.
     let guard = match OrphanGuard::start() {
         Ok(g) => Arc::new(g),
-        Err(e @ GuardError::BadSetting(_)) => return usage(e),
-        Err(e) => {
-            muster::errln!("muster: error: {e}");
-            return exit::FAILED;
-        }
+        Err(e @ GuardError::BadSetting(_)) => return Err(usage(e)),
+        Err(e) => return Err(ToolError::Failed(format!("error: {e}"))),
     };
     muster::telemetry::init_as(muster::telemetry::LogFormat::from_flag(&cli.log_format));
-    let (cfg, gpu_job, sinks) = match checked(&cli) {
-        Ok(checked) => checked,
-        Err(e) => return usage(e),
-    };
+    let (cfg, gpu_job, sinks) = checked(&cli).map_err(usage)?;
     // From here on a failed write to the console is said once, in the agent's log and the event log.
     sinks.events.record_console_loss(&cfg.run_id);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            muster::errln!("muster: error: cannot start the async runtime: {e}");
-            return exit::FAILED;
-        }
-    };
+    let runtime = muster::runtime::build(Threads::PerCore)
+        .map_err(|e| ToolError::Failed(format!("error: cannot start the async runtime: {e}")))?;
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
     let outcome = runtime.block_on(agent::run(cfg, guard.clone(), gpu_job, sinks));
     runtime.shutdown_timeout(std::time::Duration::from_secs(1));
@@ -78,7 +67,7 @@ fn run() -> u8 {
     // Tee'd lines still queued for a console that is behind; bounded, so a stalled console cannot hold the exit.
     muster::supervisor::logs::flush_console();
     say_how_it_ended(&outcome);
-    exit::of::of_outcome(&outcome)
+    Ok(exit::of::of_outcome(&outcome))
 }
 
 /// Every check of the command line before anything starts: the configuration, the first GPU placement (a

@@ -34,25 +34,25 @@ use crate::config::RdzvConf;
 use crate::rendezvous::{RdzvError, Settings};
 use crate::store::StoreError;
 use backend::StorePlan;
-use report::Report;
+pub use report::Report;
 use sim::simulate;
 
 /// Measure muster's machinery in-process.
 #[derive(Debug, Parser)]
 #[command(name = "muster bench")]
-struct BenchArgs {
+pub struct BenchArgs {
     #[command(subcommand)]
-    command: BenchCommand,
+    pub command: BenchCommand,
 }
 
 #[derive(Debug, Subcommand)]
-enum BenchCommand {
+pub enum BenchCommand {
     /// Time N simulated agents forming one rendezvous round over a real store server on loopback.
     Rendezvous(RendezvousArgs),
 }
 
 #[derive(Debug, Args)]
-struct RendezvousArgs {
+pub struct RendezvousArgs {
     /// Number of simulated agents (nodes).
     #[arg(long)]
     nodes: u32,
@@ -74,7 +74,7 @@ struct RendezvousArgs {
     timeout: f64,
     /// Print the result as one JSON object instead of the summary line.
     #[arg(long)]
-    json: bool,
+    pub json: bool,
     /// The rendezvous store: muster's own (a `muster store` child on loopback) or etcd v3.
     #[arg(long, value_enum, default_value_t = Backend::Tcp)]
     backend: Backend,
@@ -95,7 +95,7 @@ enum Backend {
 
 /// Why a benchmark could not run or did not complete.
 #[derive(Debug, thiserror::Error)]
-enum BenchError {
+pub enum BenchError {
     #[error("{0}")]
     Usage(String),
     #[error("cannot start the async runtime: {0}")]
@@ -122,45 +122,7 @@ enum BenchError {
     },
 }
 
-/// Entry point of `muster bench ARGS...` (`args` after the subcommand); returns the exit code.
-pub fn bench_main(args: &[String]) -> u8 {
-    let args: BenchArgs = match crate::cli::parse_subcommand("bench", args) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    // Errors only by default: one line per simulated node (a slow heartbeat under load, a spare waiting)
-    // would drown the summary; RUST_LOG=warn shows them.
-    crate::telemetry::init_with("error");
-    match args.command {
-        BenchCommand::Rendezvous(args) => match bench_rendezvous(&args) {
-            Ok(report) => {
-                if args.json {
-                    match serde_json::to_string(&report) {
-                        Ok(line) => crate::outln!("{line}"),
-                        Err(e) => crate::errln!("muster bench: cannot encode the report: {e}"),
-                    }
-                } else {
-                    crate::outln!("{}", report.summary());
-                }
-                if report.problems.is_empty() {
-                    crate::exit::SUCCESS
-                } else {
-                    crate::exit::FAILED
-                }
-            }
-            Err(e @ BenchError::Usage(_)) => {
-                crate::errln!("muster bench: error: {e}");
-                crate::exit::USAGE
-            }
-            Err(e) => {
-                crate::errln!("muster bench rendezvous: {e}");
-                crate::exit::FAILED
-            }
-        },
-    }
-}
-
-fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
+pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     let nodes = args.nodes;
     let min = args.min.unwrap_or(nodes);
     let max = args.max.unwrap_or(nodes);
@@ -183,10 +145,7 @@ fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     let last_call = secs("last-call-timeout", args.last_call_timeout)?;
     let plan = store_plan(args, capacity::Host::this())?;
 
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .map_err(BenchError::Runtime)?;
+    let runtime = crate::runtime::build(crate::runtime::Threads::PerCore).map_err(BenchError::Runtime)?;
     let settings = Settings {
         run_id: "bench".into(),
         min_nodes: min,

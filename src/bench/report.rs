@@ -18,7 +18,7 @@ struct OpsSummary {
 
 /// The benchmark's result, printed as a summary line or as JSON.
 #[derive(Debug, Serialize)]
-pub(super) struct Report {
+pub struct Report {
     /// The store the nodes used: `muster store`, or `etcd VERSION at ENDPOINTS`.
     store: String,
     nodes: u32,
@@ -54,11 +54,11 @@ pub(super) struct Report {
     etcd_requests_by_method: Option<BTreeMap<String, u64>>,
     /// Empty when the round is right: N distinct group ranks 0..N-1, the same members everywhere,
     /// world_size = N * nproc.
-    pub(super) problems: Vec<String>,
+    pub problems: Vec<String>,
 }
 
 impl Report {
-    pub(super) fn summary(&self) -> String {
+    pub fn summary(&self) -> String {
         let check = if self.problems.is_empty() {
             format!(
                 "check ok (group ranks 0..{}, world_size {})",

@@ -27,7 +27,7 @@ pub use snapshot::{JobPhase, NodeState, Row, Snapshot};
 /// Show a running job: its round, members, their states and heartbeats, and the nodes waiting.
 #[derive(Debug, Parser)]
 #[command(name = "muster status")]
-struct StatusArgs {
+pub struct StatusArgs {
     /// The job's rendezvous endpoint, host[:port], as the agents were given it (port default: 29400;
     /// etcd: host:port[,host:port...], port default 2379).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
@@ -50,7 +50,7 @@ struct StatusArgs {
     rdzv_conf: String,
     /// Output format.
     #[arg(long, default_value = "table", value_parser = ["table", "json"])]
-    format: String,
+    pub format: String,
     /// Seconds to connect and read everything; past it the store counts as unreachable.
     #[arg(long, default_value = "5", value_parser = positive_seconds)]
     timeout: Duration,
@@ -118,7 +118,7 @@ impl StatusError {
 
 /// Where and what to read, validated.
 #[derive(Debug)]
-struct Target {
+pub struct Target {
     /// As messages and the table's heading name it.
     endpoint: String,
     backend: Backend,
@@ -133,56 +133,9 @@ enum Backend {
     Etcd(EtcdOptions),
 }
 
-/// Entry point of `muster status ARGS...`; returns the exit code.
-pub fn status_main(args: &[String]) -> u8 {
-    let args: StatusArgs = match crate::cli::parse_subcommand("status", args) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let target = match target(&args, &|name| std::env::var(name).ok()) {
-        Ok(t) => t,
-        Err(e) => {
-            crate::errln!("muster status: error: {e}");
-            return crate::exit::USAGE;
-        }
-    };
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            crate::errln!("muster status: cannot start the async runtime: {e}");
-            return crate::exit::FAILED;
-        }
-    };
-    let json = args.format == "json";
-    match runtime.block_on(connect_and_show(&target)) {
-        Ok(snapshot) => print_snapshot(&snapshot, json),
-        Err(e) => {
-            crate::errln!("muster status: error: {e}");
-            e.exit_code()
-        }
-    }
-}
-
-fn print_snapshot(snapshot: &Snapshot, json: bool) -> u8 {
-    if !json {
-        crate::out!("{}", snapshot.table());
-        return crate::exit::SUCCESS;
-    }
-    match snapshot.json() {
-        Ok(text) => {
-            crate::outln!("{text}");
-            crate::exit::SUCCESS
-        }
-        Err(e) => {
-            crate::errln!("muster status: cannot encode the status as JSON: {e}");
-            crate::exit::FAILED
-        }
-    }
-}
-
 /// The flags checked: one line naming the first that is missing or bad. `env` reads the environment (the
 /// job token, etcd's user and password).
-fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Target, String> {
+pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Target, String> {
     let missing = || "'--rdzv-endpoint' is missing or empty: give the job's rendezvous endpoint as host[:port]".to_string();
     let endpoint = args.rdzv_endpoint.as_deref().unwrap_or_default().trim();
     if endpoint.is_empty() {
@@ -221,7 +174,7 @@ fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Tar
 
 /// Connects to the store and reads the job, all within `--timeout`: the connect retries until then and
 /// fails naming its last error; the name's lookup and the reads are cut there.
-async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
+pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
     let deadline = tokio::time::Instant::now() + t.timeout;
     let no_answer = || StatusError::NoAnswer { endpoint: t.endpoint.clone(), timeout: t.timeout };
     let store_error = |e| StatusError::from_store(e, &t.endpoint, &t.run_id);

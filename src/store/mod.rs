@@ -14,4 +14,4 @@ pub use either::RdzvStore;
 pub use error::StoreError;
 pub use kv::{Reach, Store, WatchEvent, WatchEventKind, WatchTarget};
 pub use reach::reach_any;
-pub use standalone::{run_standalone, store_main};
+pub use standalone::run_standalone;

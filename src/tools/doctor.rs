@@ -7,6 +7,7 @@ use std::time::Duration;
 use clap::Parser;
 use nvml_wrapper::enum_wrappers::device::{EccCounter, MemoryError};
 
+use super::{Threads, ToolError};
 use crate::gpu::health::Watcher;
 use crate::gpu::xid::{Action, Policy};
 
@@ -25,25 +26,17 @@ struct DoctorArgs {
     xid_policy: String,
 }
 
-/// Entry point of `muster doctor ARGS...`; returns the exit code.
-pub fn doctor_main(args: &[String]) -> u8 {
-    let args: DoctorArgs = match crate::cli::parse_subcommand("doctor", args) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
-    let policy = match Policy::parse(&args.on_gpu_fault, &args.xid_policy) {
-        Ok(p) => p,
-        Err(e) => {
-            crate::errln!("muster doctor: error: {e}");
-            return crate::exit::USAGE;
-        }
-    };
+/// Entry point of `muster doctor ARGS...`. It logs what the GPU libraries report, at the agent's log level.
+pub fn main(args: &[String]) -> Result<u8, ToolError> {
+    crate::telemetry::init();
+    let args: DoctorArgs = super::parse("doctor", args)?;
+    let policy = Policy::parse(&args.on_gpu_fault, &args.xid_policy).map_err(|e| ToolError::Usage(e.to_string()))?;
     let nvml = match crate::gpu::nvml() {
         Ok(n) => n,
         Err(e) => {
             crate::outln!("driver: none ({e})");
             crate::outln!("verdict: UNUSABLE for GPU jobs (no NVIDIA driver)");
-            return crate::exit::FAILED;
+            return Ok(crate::exit::FAILED);
         }
     };
     crate::outln!("driver: {}", nvml.sys_driver_version().unwrap_or_else(|e| format!("unknown ({e})")));
@@ -51,13 +44,43 @@ pub fn doctor_main(args: &[String]) -> u8 {
         Ok(g) => g,
         Err(e) => {
             crate::outln!("verdict: UNUSABLE (cannot read the GPU inventory: {e})");
-            return crate::exit::FAILED;
+            return Ok(crate::exit::FAILED);
         }
     };
+    let mut problems = print_inventory(nvml, &gpus);
+    crate::outln!("policy: {}", policy.describe());
+    crate::outln!("listening for GPU faults for {} s ...", args.listen);
+    let runtime = super::tool_runtime(Threads::One)?;
+    let faults = runtime.block_on(async {
+        let mut watcher = Watcher::start(nvml, &gpus, &policy);
+        let mut seen = Vec::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(args.listen);
+        while let Ok(Some(f)) = tokio::time::timeout_at(deadline, watcher.next()).await {
+            seen.push(f);
+        }
+        seen
+    });
+    for f in &faults {
+        crate::outln!("fault: GPU {} ({}): {} -> {}", f.gpu.index, f.gpu.uuid, f.kind, f.action.as_str());
+        if matches!(f.action, Action::Drain | Action::Exclude) {
+            problems.push(format!("GPU {}: {} ({})", f.gpu.index, f.kind, f.action.as_str()));
+        }
+    }
+    if problems.is_empty() {
+        crate::outln!("verdict: OK");
+        Ok(crate::exit::SUCCESS)
+    } else {
+        crate::outln!("verdict: UNHEALTHY: {}", problems.join("; "));
+        Ok(crate::exit::FAILED)
+    }
+}
+
+/// The inventory table with each GPU's health counters; returns the problems seen (uncorrected ECC).
+fn print_inventory(nvml: &nvml_wrapper::Nvml, gpus: &[crate::gpu::GpuInfo]) -> Vec<String> {
     crate::outln!("gpus: {}", gpus.len());
     crate::outln!("{:<5} {:<42} {:<18} {:<28} {:>9} {:>10} {:>9}", "index", "uuid", "pci", "name", "memory", "ecc_uncorr", "processes");
     let mut problems = Vec::new();
-    for g in &gpus {
+    for g in gpus {
         let device = nvml.device_by_index(g.index);
         let ecc = device
             .as_ref()
@@ -79,35 +102,5 @@ pub fn doctor_main(args: &[String]) -> u8 {
             problems.push(format!("GPU {} has {} uncorrected ECC error(s)", g.index, ecc.unwrap_or(0)));
         }
     }
-    crate::outln!("policy: {}", policy.describe());
-    crate::outln!("listening for GPU faults for {} s ...", args.listen);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(r) => r,
-        Err(e) => {
-            crate::errln!("muster doctor: cannot start the async runtime: {e}");
-            return crate::exit::FAILED;
-        }
-    };
-    let faults = runtime.block_on(async {
-        let mut watcher = Watcher::start(nvml, &gpus, &policy);
-        let mut seen = Vec::new();
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(args.listen);
-        while let Ok(Some(f)) = tokio::time::timeout_at(deadline, watcher.next()).await {
-            seen.push(f);
-        }
-        seen
-    });
-    for f in &faults {
-        crate::outln!("fault: GPU {} ({}): {} -> {}", f.gpu.index, f.gpu.uuid, f.kind, f.action.as_str());
-        if matches!(f.action, Action::Drain | Action::Exclude) {
-            problems.push(format!("GPU {}: {} ({})", f.gpu.index, f.kind, f.action.as_str()));
-        }
-    }
-    if problems.is_empty() {
-        crate::outln!("verdict: OK");
-        crate::exit::SUCCESS
-    } else {
-        crate::outln!("verdict: UNHEALTHY: {}", problems.join("; "));
-        crate::exit::FAILED
-    }
+    problems
 }

@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use clap::{ArgAction, Parser};
 
 use crate::gpu::placement::{self, Nproc, Placed, PlacementError, Planned};
+use super::ToolError;
 use crate::gpu::topology::{format_cpulist, NumaMode};
 
 /// Show the topology-aware placement of this node's workers.
@@ -35,49 +36,31 @@ struct PlanArgs {
     format: String,
 }
 
-/// Entry point of `muster plan ARGS...`; returns the exit code.
-pub fn plan_main(args: &[String]) -> u8 {
-    let args: PlanArgs = match crate::cli::parse_subcommand("plan", args) {
-        Ok(a) => a,
-        Err(code) => return code,
-    };
+/// Entry point of `muster plan ARGS...`.
+pub fn main(args: &[String]) -> Result<u8, ToolError> {
+    let args: PlanArgs = super::parse("plan", args)?;
     let nproc = match args.nproc_per_node.as_deref().map(str::trim) {
         None | Some("gpu" | "auto") => Nproc::AllUsable,
         Some(s) => match s.parse::<u32>() {
             Ok(n) if n > 0 => Nproc::Exactly(n),
             _ => {
-                crate::errln!("muster plan: error: invalid value '{s}' for '--nproc-per-node': use an integer > 0, gpu or auto");
-                return crate::exit::USAGE;
+                return Err(ToolError::Usage(format!(
+                    "invalid value '{s}' for '--nproc-per-node': use an integer > 0, gpu or auto"
+                )))
             }
         },
     };
-    let numa = match args.numa_binding.as_deref().map(str::parse::<NumaMode>).transpose() {
-        Ok(m) => m,
-        Err(e) => {
-            crate::errln!("muster plan: error: {e}");
-            return crate::exit::USAGE;
-        }
-    };
+    let numa = args.numa_binding.as_deref().map(str::parse::<NumaMode>).transpose().map_err(usage)?;
     // What the agent would take from the scheduler here (without the flags a launch would add).
-    let context = match crate::context::detect(&|k| std::env::var(k).ok()) {
-        Ok(c) => c.map(|c| c.to_string()),
-        Err(e) => {
-            crate::errln!("muster plan: error: {e}");
-            return crate::exit::USAGE;
-        }
-    };
+    let context = crate::context::detect(&|k| std::env::var(k).ok()).map_err(usage)?.map(|c| c.to_string());
     let context = context.as_deref();
     let planned = match placement::compute(nproc, numa, args.gpus.as_deref(), &BTreeSet::new(), args.virtual_local_rank) {
         Ok(Placed::Gpus(p)) => p,
         Ok(Placed::NoGpu(reason)) => return without_gpus(&args, nproc, &reason, context),
         Err(e @ (PlacementError::GpuLost(_) | PlacementError::System(_))) => {
-            crate::errln!("muster plan: error: {e}");
-            return crate::exit::FAILED;
+            return Err(ToolError::Failed(format!("error: {e}")))
         }
-        Err(PlacementError::Input(msg)) => {
-            crate::errln!("muster plan: error: {msg}");
-            return crate::exit::USAGE;
-        }
+        Err(PlacementError::Input(msg)) => return Err(ToolError::Usage(msg)),
     };
     for w in &planned.selection.warnings {
         crate::errln!("muster plan: warning: {w}");
@@ -86,7 +69,11 @@ pub fn plan_main(args: &[String]) -> u8 {
         return print_json(&planned.plan, context);
     }
     crate::out!("{}{}", context_line(context), table(&planned));
-    crate::exit::SUCCESS
+    Ok(crate::exit::SUCCESS)
+}
+
+fn usage(e: impl std::fmt::Display) -> ToolError {
+    ToolError::Usage(e.to_string())
 }
 
 /// The launch context as the agent's banner says it, on a line of its own (none: nothing).
@@ -95,39 +82,36 @@ fn context_line(context: Option<&str>) -> String {
 }
 
 /// The plan as JSON, with `"context"`: the launch context's line, or null.
-fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> u8 {
+fn print_json(value: &impl serde::Serialize, context: Option<&str>) -> Result<u8, ToolError> {
     let value = serde_json::to_value(value).map(|mut v| {
         if let serde_json::Value::Object(fields) = &mut v {
             fields.insert("context".into(), context.into());
         }
         v
     });
-    match value.and_then(|v| serde_json::to_string_pretty(&v)) {
-        Ok(text) => {
-            crate::outln!("{text}");
-            crate::exit::SUCCESS
-        }
-        Err(e) => {
-            crate::errln!("muster plan: error: cannot encode the plan: {e}");
-            crate::exit::FAILED
-        }
-    }
+    let text = value
+        .and_then(|v| serde_json::to_string_pretty(&v))
+        .map_err(|e| ToolError::Failed(format!("error: cannot encode the plan: {e}")))?;
+    crate::outln!("{text}");
+    Ok(crate::exit::SUCCESS)
 }
 
 /// The plan on a host without NVIDIA GPUs, each rank inheriting this process's CPUs and no GPU. As the
 /// launcher counts workers there: `--nproc-per-node N`, `auto` one per CPU this process may use, no flag 1
 /// (the launcher's default), and `gpu` is an error.
-fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> u8 {
+fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&str>) -> Result<u8, ToolError> {
     if args.numa_binding.is_some() || args.gpus.is_some() {
-        crate::errln!("muster plan: error: '--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}");
-        return crate::exit::USAGE;
+        return Err(ToolError::Usage(format!(
+            "'--numa-binding' and '--gpus' need NVIDIA GPUs, and there are none: {reason}"
+        )));
     }
     let cpus = placement::own_cpus();
     let n = match (nproc, args.nproc_per_node.as_deref().map(str::trim)) {
         (Nproc::Exactly(n), _) => n,
         (Nproc::AllUsable, Some("gpu")) => {
-            crate::errln!("muster plan: error: '--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto");
-            return crate::exit::USAGE;
+            return Err(ToolError::Usage(format!(
+                "'--nproc-per-node gpu': no GPU on this node ({reason}); use an integer or auto"
+            )));
         }
         (Nproc::AllUsable, Some(_)) => cpus.as_ref().map_or(1, |c| u32::try_from(c.len()).unwrap_or(u32::MAX)),
         (Nproc::AllUsable, None) => 1,
@@ -153,7 +137,7 @@ fn without_gpus(args: &PlanArgs, nproc: Nproc, reason: &str, context: Option<&st
         out.push_str(&row([&r.to_string(), "-", "-", "-", "-", "-", &cpus, "-"]));
     }
     crate::out!("{out}");
-    crate::exit::SUCCESS
+    Ok(crate::exit::SUCCESS)
 }
 
 /// One line of the rank table.
