@@ -7,7 +7,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use super::AgentError;
-use crate::config::etcd;
 use crate::config::{LaunchConfig, Rendezvous};
 use crate::rendezvous::RdzvError;
 use crate::store::etcd::EtcdStore;
@@ -30,8 +29,8 @@ fn server_config(keepalive: Option<Duration>, token: Option<Vec<u8>>) -> ServerC
 /// The rendezvous store: etcd, or muster's store hosted by this agent when it is the store's host and
 /// reached over TCP in any case.
 pub async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RdzvStore), AgentError> {
-    if let Rendezvous::Etcd(target) = &cfg.rendezvous {
-        let store = EtcdStore::connect(&etcd::options(target, cfg.etcd_credentials.clone(), &cfg.rdzv), cfg.rdzv.join_timeout).await?;
+    if let Rendezvous::Etcd(options) = &cfg.rendezvous {
+        let store = EtcdStore::connect(options, cfg.rdzv.join_timeout).await?;
         return Ok((None, RdzvStore::Etcd(store)));
     }
     let (hosted, store) = open_tcp_store(cfg).await?;

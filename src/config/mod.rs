@@ -59,8 +59,6 @@ pub struct LaunchConfig {
     pub rdzv: RdzvConf,
     /// The job token agents present to the rendezvous store (`MUSTER_RDZV_TOKEN` or `token_file=`).
     pub token: Option<token::Token>,
-    /// etcd's user and password (`MUSTER_ETCD_USER`, `MUSTER_ETCD_PASSWORD`).
-    pub etcd_credentials: Option<crate::store::etcd::Credentials>,
     /// static's group rank (`--node-rank`, or the scheduler's).
     pub node_rank: u32,
     /// The rank this agent asks of the rendezvous: static's group rank; with c10d a preference among
@@ -176,7 +174,8 @@ impl LaunchConfig {
         if let Some(addr) = cli.local_addr.as_deref().filter(|a| a.is_empty() || a.contains(char::is_whitespace)) {
             return Err(bad(format!("invalid value '{addr}' for '--local-addr': use a host name or address (no spaces)")));
         }
-        let (rdzv_backend, rendezvous, run_id) = rdzv::resolve(cli, max_nodes, &rdzv, rank_from_context)?;
+        let (rdzv_backend, rendezvous, run_id) =
+            rdzv::resolve(cli, max_nodes, &rdzv, rank_from_context, etcd::credentials(host.env)?)?;
         let asks_rank = matches!(rendezvous, Rendezvous::Static { .. }) || cli.given("node_rank").is_some();
         let logs = LogConfig::from_cli(cli, host)?;
 
@@ -202,7 +201,6 @@ impl LaunchConfig {
             run_id,
             rdzv,
             token,
-            etcd_credentials: etcd::credentials(host.env)?,
             node_rank: cli.node_rank,
             pref_rank: (asks_rank || rank_from_context).then_some(cli.node_rank),
             context,

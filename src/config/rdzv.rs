@@ -239,8 +239,8 @@ pub enum Rendezvous {
     /// every node must be there (`--nnodes N`) and `--node-rank` is the group rank.
     Static { master_addr: String, master_port: u16 },
     /// etcd v3: the rendezvous in etcd (no node hosts it); the group-rank-0 agent serves the workers'
-    /// store, as with c10d.
-    Etcd(super::etcd::EtcdTarget),
+    /// store, as with c10d. The handle's settings, complete: members, TLS, credentials, namespace, lease.
+    Etcd(crate::store::etcd::EtcdOptions),
 }
 
 /// Host and port of `--rdzv-endpoint` as torch's `parse_rendezvous_endpoint` splits and checks them: an empty
@@ -289,6 +289,7 @@ pub(super) fn resolve(
     max_nodes: u32,
     conf: &RdzvConf,
     rank_from_context: bool,
+    etcd_credentials: Option<crate::store::etcd::Credentials>,
 ) -> Result<(String, Rendezvous, String), ConfigError> {
     let implicit_standalone = !cli.standalone
         && cli.rdzv_backend == "static"
@@ -326,7 +327,9 @@ pub(super) fn resolve(
             let is_host = if standalone { Some(true) } else { conf.is_host };
             Rendezvous::C10d { host, port: port.unwrap_or(29400), is_host }
         }
-        "etcd" | "etcd-v2" | "etcd-v3" => Rendezvous::Etcd(super::etcd::target(&endpoint, conf)?),
+        "etcd" | "etcd-v2" | "etcd-v3" => {
+            Rendezvous::Etcd(super::etcd::options(&super::etcd::target(&endpoint, conf)?, etcd_credentials, conf))
+        }
         other => {
             return Err(bad(format!("invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd, etcd-v2 or etcd-v3")))
         }

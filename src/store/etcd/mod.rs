@@ -36,7 +36,7 @@ use self::wire::{Compare, DeleteReply, RangeReply, StatusReply, TxnReply};
 use super::{Reach, Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 /// How to reach etcd and what this handle's session is.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EtcdOptions {
     /// `host:port` of each member's client URL.
     pub endpoints: Vec<String>,
