@@ -12,7 +12,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::cluster::{Agent, LONG};
+use common::cluster::{Agent, AgentArgs, LONG};
 use common::*;
 use muster::store::remote::RemoteStore;
 use muster::store::{Store, StoreError};
@@ -42,25 +42,16 @@ impl Job {
     }
 
     fn args(&self, endpoint: &str, conf: &str) -> Vec<String> {
-        let mut args: Vec<String> = [
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            "--local-addr=127.0.0.1",
-            "--max-restarts=3",
-            "--shutdown-timeout=5",
-        ]
-        .map(String::from)
-        .into();
-        args.push(format!("--rdzv-endpoint={endpoint}"));
-        args.push(format!("--rdzv-conf={conf}"));
-        args.push(format!("--rdzv-id={}", self.run_id));
-        args.push(example("train.py").display().to_string());
+        let mut args = AgentArgs::c10d(2, endpoint)
+            .nproc(1)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opts(["--local-addr=127.0.0.1", "--max-restarts=3", "--shutdown-timeout=5"])
+            .script(example("train.py"));
         for (flag, file) in [("--result", "result.json"), ("--ckpt-dir", "ckpt"), ("--hold-file", "hold")] {
-            args.push(flag.into());
-            args.push(self.path(file).display().to_string());
+            args = args.arg(flag).arg(self.path(file));
         }
-        args
+        args.build()
     }
 
     fn agent(&self, node: &str, endpoint: &str, conf: &str, token: Option<&str>) -> Agent {

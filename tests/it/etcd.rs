@@ -25,19 +25,14 @@ impl Job {
     }
 
     fn args(&self, nnodes: &str, conf: &str, script: &Path, script_args: &[String]) -> Vec<String> {
-        let mut a: Vec<String> = vec![
-            format!("--nnodes={nnodes}"),
-            "--nproc-per-node=2".into(),
-            "--rdzv-backend=etcd".into(),
-            format!("--rdzv-endpoint={}", self.endpoints),
-            format!("--rdzv-id={}", self.run_id),
-            format!("--rdzv-conf=keep_alive_interval=1,keep_alive_max_attempt=3,{conf}"),
-            "--max-restarts=0".into(),
-            "--shutdown-timeout=5".into(),
-        ];
-        a.push(script.display().to_string());
-        a.extend(script_args.iter().cloned());
-        a
+        AgentArgs::rdzv("etcd", nnodes, &self.endpoints)
+            .nproc(2)
+            .run_id(&self.run_id)
+            .conf(format!("keep_alive_interval=1,keep_alive_max_attempt=3,{conf}"))
+            .opts(["--max-restarts=0", "--shutdown-timeout=5"])
+            .script(script)
+            .args(script_args)
+            .build()
     }
 
     /// An agent running the test worker (tests/fixtures/elastic_worker.py), which records its starts.
@@ -255,14 +250,11 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
     for (endpoint, conf, needle, code) in cases {
         let mut a = Agent::start(
             "a",
-            &[
-                "--nnodes=1".into(),
-                "--rdzv-backend=etcd".into(),
-                format!("--rdzv-endpoint={endpoint}"),
-                format!("--rdzv-conf={conf}"),
-                fixture("elastic_worker.py").display().to_string(),
-                dir.path().display().to_string(),
-            ],
+            &AgentArgs::rdzv("etcd", 1, &endpoint)
+                .conf(conf)
+                .script(fixture("elastic_worker.py"))
+                .arg(dir.path())
+                .build(),
         );
         let got = a.exit_code(LONG);
         let log = a.log();
@@ -284,15 +276,12 @@ fn tls_with_client_certificates() {
     let run = |conf: String| {
         let mut a = Agent::start(
             "a",
-            &[
-                "--nnodes=1".into(),
-                "--nproc-per-node=1".into(),
-                "--rdzv-backend=etcd".into(),
-                format!("--rdzv-endpoint={}", etcd.endpoints()),
-                format!("--rdzv-conf={conf}"),
-                fixture("elastic_worker.py").display().to_string(),
-                dir.path().display().to_string(),
-            ],
+            &AgentArgs::rdzv("etcd", 1, etcd.endpoints())
+                .nproc(1)
+                .conf(conf)
+                .script(fixture("elastic_worker.py"))
+                .arg(dir.path())
+                .build(),
         );
         (a.exit_code(LONG), a.log())
     };
@@ -328,15 +317,12 @@ fn etcd_auth_users_and_their_refusals() {
             Some((u, p)) => vec![("MUSTER_ETCD_USER", u.to_string()), ("MUSTER_ETCD_PASSWORD", p.to_string())],
             None => vec![],
         };
-        let args = [
-            "--nnodes=1".to_string(),
-            "--nproc-per-node=1".into(),
-            "--rdzv-backend=etcd".into(),
-            format!("--rdzv-endpoint={}", etcd.endpoints()),
-            format!("--rdzv-id={run_id}"),
-            fixture("elastic_worker.py").display().to_string(),
-            dir.path().display().to_string(),
-        ];
+        let args = AgentArgs::rdzv("etcd", 1, etcd.endpoints())
+            .nproc(1)
+            .run_id(run_id)
+            .script(fixture("elastic_worker.py"))
+            .arg(dir.path())
+            .build();
         let mut a = Agent::start_with_env("a", &args, &envs);
         (a.exit_code(LONG), a.log())
     };

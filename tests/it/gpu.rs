@@ -11,19 +11,15 @@ use common::gpus::FakeNode;
 use common::*;
 
 fn agent_args(nnodes: &str, nproc: &str, endpoint: &str, conf: &str, extra: &[&str], dir: &Path) -> Vec<String> {
-    let mut a: Vec<String> = vec![
-        format!("--nnodes={nnodes}"),
-        format!("--nproc-per-node={nproc}"),
-        "--rdzv-backend=c10d".into(),
-        format!("--rdzv-endpoint={endpoint}"),
-        format!("--rdzv-conf={conf}"),
-        format!("--rdzv-id=gpu{}", std::process::id()),
-        "--shutdown-timeout=5".into(),
-    ];
-    a.extend(extra.iter().map(|s| s.to_string()));
-    a.push(fixture("elastic_worker.py").display().to_string());
-    a.push(dir.display().to_string());
-    a
+    AgentArgs::c10d(nnodes, endpoint)
+        .nproc(nproc)
+        .conf(conf)
+        .run_id(format!("gpu{}", std::process::id()))
+        .opt("--shutdown-timeout=5")
+        .opts(extra)
+        .script(fixture("elastic_worker.py"))
+        .arg(dir)
+        .build()
 }
 
 #[test]

@@ -8,7 +8,7 @@ use crate::common;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::cluster::Agent;
+use common::cluster::{Agent, AgentArgs};
 use common::*;
 
 const LONG: Duration = Duration::from_secs(180);
@@ -37,23 +37,21 @@ impl HangJob {
 
     fn args(&self, node: &str, endpoint: &str, conf: &str, muster_args: &[&str], script_args: &[&str]) -> Vec<String> {
         let p = self.path();
-        let mut a: Vec<String> = vec![
-            "--nnodes=2".into(),
-            "--nproc-per-node=2".into(),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-conf={conf}"),
-            format!("--rdzv-id={}", self.run_id),
-            "--max-restarts=1".into(),
-            format!("--log-dir={}", p.join("logs").join(node).display()),
-            format!("--event-log={}", p.join(format!("{node}.events")).display()),
-        ];
-        a.extend(muster_args.iter().map(|s| s.to_string()));
-        a.push(fixture("hang_train.py").display().to_string());
-        a.extend(["--ckpt-dir".into(), p.join("ckpt").display().to_string()]);
-        a.extend(["--result".into(), p.join("result.json").display().to_string()]);
-        a.extend(script_args.iter().map(|s| s.to_string()));
-        a
+        AgentArgs::c10d(2, endpoint)
+            .nproc(2)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opt("--max-restarts=1")
+            .opt(format!("--log-dir={}", p.join("logs").join(node).display()))
+            .opt(format!("--event-log={}", p.join(format!("{node}.events")).display()))
+            .opts(muster_args)
+            .script(fixture("hang_train.py"))
+            .arg("--ckpt-dir")
+            .arg(p.join("ckpt"))
+            .arg("--result")
+            .arg(p.join("result.json"))
+            .args(script_args)
+            .build()
     }
 
     /// Agents `a` (hosting the store; group rank 0 as the first to join) and `b`.

@@ -93,21 +93,15 @@ impl Cluster {
         let endpoint = format!("127.0.0.1:{}", self.port);
         let conf = if hosting { format!("is_host=1,{}", self.conf) } else { self.conf.clone() };
         let hook = format!("touch {}/hook-{name}", self.path().display());
-        let mut args: Vec<String> = vec![
-            format!("--nnodes={nnodes}"),
-            format!("--nproc-per-node={nproc}"),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-conf={conf}"),
-            format!("--rdzv-id={}", self.run_id),
-            "--max-restarts=3".into(),
-            "--shutdown-timeout=5".into(),
-            "--on-node-fault".into(),
-            hook,
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push(fixture("incident_worker.py").display().to_string());
-        args.push(self.path().display().to_string());
+        let args = AgentArgs::c10d(nnodes, endpoint)
+            .nproc(nproc)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opts(["--max-restarts=3", "--shutdown-timeout=5", "--on-node-fault", &hook])
+            .opts(extra)
+            .script(fixture("incident_worker.py"))
+            .arg(self.path())
+            .build();
         let env = self.node(name).gpus.env();
         let agent = Agent::start_with_env(name, &args, &env);
         if hosting {

@@ -26,27 +26,22 @@ impl Job {
         }
     }
 
-    fn args(&self, nnodes: &str, nproc: u32, endpoint: &str, extra: &[&str]) -> Vec<String> {
-        let mut a: Vec<String> = vec![
-            format!("--nnodes={nnodes}"),
-            format!("--nproc-per-node={nproc}"),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-id={}", self.run_id),
-            "--shutdown-timeout=5".into(),
-        ];
-        a.extend(extra.iter().map(|s| s.to_string()));
-        a.push(self.script.display().to_string());
-        a.push(self.dir.path().display().to_string());
-        a
+    fn args(&self, nnodes: &str, nproc: u32, endpoint: &str, conf: &str, extra: &[&str]) -> Vec<String> {
+        AgentArgs::c10d(nnodes, endpoint)
+            .nproc(nproc)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opt("--shutdown-timeout=5")
+            .opts(extra)
+            .script(&self.script)
+            .arg(self.dir.path())
+            .build()
     }
 
     /// Starts the agent that hosts the store (port 0: the OS picks), then the others on its port.
     fn start(&self, nodes: &[&str], nnodes: &str, nproc: u32, conf: &str, extra: &[&str]) -> Vec<Agent> {
-        let host_conf = format!("--rdzv-conf=is_host=1,{conf}");
-        let mut host_extra = vec![host_conf.as_str()];
-        host_extra.extend_from_slice(extra);
-        let host = Agent::start_with_env(nodes[0], &self.args(nnodes, nproc, "127.0.0.1:0", &host_extra), &self.envs);
+        let host_args = self.args(nnodes, nproc, "127.0.0.1:0", &format!("is_host=1,{conf}"), extra);
+        let host = Agent::start_with_env(nodes[0], &host_args, &self.envs);
         let port = host.hosted_port();
         let mut agents = vec![host];
         for node in &nodes[1..] {
@@ -56,10 +51,7 @@ impl Job {
     }
 
     fn join(&self, node: &str, port: u16, nnodes: &str, nproc: u32, conf: &str, extra: &[&str]) -> Agent {
-        let conf = format!("--rdzv-conf={conf}");
-        let mut all = vec![conf.as_str()];
-        all.extend_from_slice(extra);
-        Agent::start_with_env(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), &all), &self.envs)
+        Agent::start_with_env(node, &self.args(nnodes, nproc, &format!("127.0.0.1:{port}"), conf, extra), &self.envs)
     }
 
     fn finish(&self) {
@@ -103,19 +95,16 @@ fn two_agents_train_a_real_job() {
     let dir = tempfile::tempdir().unwrap();
     let result = dir.path().join("result.json");
     let args = |endpoint: &str, conf: &str| -> Vec<String> {
-        vec![
-            "--nnodes=2".into(),
-            "--nproc-per-node=2".into(),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-conf={conf}"),
-            format!("--rdzv-id=train{}", std::process::id()),
-            example("train.py").display().to_string(),
-            "--result".into(),
-            result.display().to_string(),
-            "--ckpt-dir".into(),
-            dir.path().join("ckpt").display().to_string(),
-        ]
+        AgentArgs::c10d(2, endpoint)
+            .nproc(2)
+            .conf(conf)
+            .run_id(format!("train{}", std::process::id()))
+            .script(example("train.py"))
+            .arg("--result")
+            .arg(&result)
+            .arg("--ckpt-dir")
+            .arg(dir.path().join("ckpt"))
+            .build()
     };
     let mut a = Agent::start("a", &args("127.0.0.1:0", "is_host=1"));
     let port = a.hosted_port();
@@ -234,15 +223,12 @@ fn a_mismatched_agent_is_refused_and_the_job_is_unharmed() {
     let port = agents[0].hosted_port();
     let mut other = Agent::start(
         "c",
-        &[
-            "--nnodes=2:3".into(),
-            "--nproc-per-node=2".into(),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint=127.0.0.1:{port}"),
-            format!("--rdzv-id={}", job.run_id),
-            fixture("dump_env.py").display().to_string(),
-            job.path().display().to_string(),
-        ],
+        &AgentArgs::c10d("2:3", format!("127.0.0.1:{port}"))
+            .nproc(2)
+            .run_id(&job.run_id)
+            .script(fixture("dump_env.py"))
+            .arg(job.path())
+            .build(),
     );
     assert_eq!(other.exit_code(LONG), Some(1), "{}", other.log());
     let log = other.log();
@@ -262,14 +248,11 @@ fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
     // Port 1 on loopback: nothing listens there.
     let mut a = Agent::start(
         "a",
-        &[
-            "--nnodes=2".into(),
-            "--rdzv-backend=c10d".into(),
-            "--rdzv-endpoint=127.0.0.1:1".into(),
-            "--rdzv-conf=is_host=0,join_timeout=2".into(),
-            fixture("elastic_worker.py").display().to_string(),
-            dir.path().display().to_string(),
-        ],
+        &AgentArgs::c10d(2, "127.0.0.1:1")
+            .conf("is_host=0,join_timeout=2")
+            .script(fixture("elastic_worker.py"))
+            .arg(dir.path())
+            .build(),
     );
     assert_eq!(a.exit_code(LONG), Some(3), "the rendezvous did not complete: {}", a.log());
     let log = a.log();

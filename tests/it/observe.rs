@@ -137,21 +137,16 @@ impl Job {
 
     /// An agent of the job: `--metrics-port 0`, its event log, two light workers (no torch).
     fn agent(&self, node: &str, nnodes: &str, endpoint: &str, conf: &str, extra: &[&str], env: &[(&str, String)]) -> Agent {
-        let mut args: Vec<String> = vec![
-            format!("--nnodes={nnodes}"),
-            "--nproc-per-node=2".into(),
-            "--rdzv-backend=c10d".into(),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-conf={conf}"),
-            format!("--rdzv-id={}", self.run_id),
-            "--max-restarts=3".into(),
-            "--shutdown-timeout=5".into(),
-            "--metrics-port=0".into(),
-            format!("--event-log={}", self.events(node).display()),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        args.push(fixture("incident_worker.py").display().to_string());
-        args.push(self.path().display().to_string());
+        let args = AgentArgs::c10d(nnodes, endpoint)
+            .nproc(2)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opts(["--max-restarts=3", "--shutdown-timeout=5", "--metrics-port=0"])
+            .opt(format!("--event-log={}", self.events(node).display()))
+            .opts(extra)
+            .script(fixture("incident_worker.py"))
+            .arg(self.path())
+            .build();
         Agent::start_with_env(node, &args, env)
     }
 }

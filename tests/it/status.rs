@@ -27,18 +27,15 @@ impl Job {
     }
 
     fn agent_args(&self, endpoint: &str, conf: &str) -> Vec<String> {
-        vec![
-            "--nnodes=2:3".into(),
-            "--nproc-per-node=1".into(),
-            format!("--rdzv-backend={}", self.backend),
-            format!("--rdzv-endpoint={endpoint}"),
-            format!("--rdzv-id={}", self.run_id),
-            format!("--rdzv-conf={conf}"),
-            "--shutdown-timeout=5".into(),
-            fixture("worker.py").display().to_string(),
-            self.dir.path().display().to_string(),
-            "sleep".into(),
-        ]
+        AgentArgs::rdzv(self.backend, "2:3", endpoint)
+            .nproc(1)
+            .run_id(&self.run_id)
+            .conf(conf)
+            .opt("--shutdown-timeout=5")
+            .script(fixture("worker.py"))
+            .arg(self.dir.path())
+            .arg("sleep")
+            .build()
     }
 
     fn status_of(&self, run_id: &str, extra: &[&str]) -> Output {

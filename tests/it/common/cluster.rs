@@ -1,6 +1,8 @@
 //! Several agents on loopback: agent processes with collected logs, and what the test workers
 //! (`tests/fixtures/elastic_worker.py`) record.
 
+use std::ffi::OsStr;
+use std::fmt::Display;
 use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::process::Stdio;
@@ -131,3 +133,88 @@ impl Agent {
     }
 }
 
+
+/// An agent's command line as the tests write it: the job's shape and rendezvous, muster's other options,
+/// then the script and its arguments (which must come last), e.g.
+/// `AgentArgs::c10d("2:3", "127.0.0.1:0").nproc(2).conf("is_host=1").run_id(&id).opt("--max-restarts=1")
+/// .script(fixture("elastic_worker.py")).arg(dir).build()`.
+#[derive(Clone, Debug)]
+pub struct AgentArgs {
+    /// `--nnodes`, `--nproc-per-node` and the `--rdzv-*` options.
+    job: Vec<String>,
+    options: Vec<String>,
+    script: Option<String>,
+    script_args: Vec<String>,
+}
+
+fn text(s: impl AsRef<OsStr>) -> String {
+    s.as_ref().to_string_lossy().into_owned()
+}
+
+impl AgentArgs {
+    /// `--nnodes=NNODES --rdzv-backend=c10d --rdzv-endpoint=ENDPOINT`.
+    pub fn c10d(nnodes: impl Display, endpoint: impl Display) -> AgentArgs {
+        AgentArgs::rdzv("c10d", nnodes, endpoint)
+    }
+
+    /// As [`AgentArgs::c10d`], with another rendezvous backend (`etcd`).
+    pub fn rdzv(backend: &str, nnodes: impl Display, endpoint: impl Display) -> AgentArgs {
+        let job = vec![
+            format!("--nnodes={nnodes}"),
+            format!("--rdzv-backend={backend}"),
+            format!("--rdzv-endpoint={endpoint}"),
+        ];
+        AgentArgs { job, options: Vec::new(), script: None, script_args: Vec::new() }
+    }
+
+    /// `--nproc-per-node=NPROC`.
+    pub fn nproc(mut self, nproc: impl Display) -> AgentArgs {
+        self.job.push(format!("--nproc-per-node={nproc}"));
+        self
+    }
+
+    /// `--rdzv-conf=CONF`.
+    pub fn conf(mut self, conf: impl Display) -> AgentArgs {
+        self.job.push(format!("--rdzv-conf={conf}"));
+        self
+    }
+
+    /// `--rdzv-id=RUN_ID`.
+    pub fn run_id(mut self, run_id: impl Display) -> AgentArgs {
+        self.job.push(format!("--rdzv-id={run_id}"));
+        self
+    }
+
+    /// One more argument of muster's (an option or its value), e.g. `--max-restarts=3`.
+    pub fn opt(mut self, option: impl AsRef<OsStr>) -> AgentArgs {
+        self.options.push(text(option));
+        self
+    }
+
+    pub fn opts(mut self, options: impl IntoIterator<Item = impl AsRef<OsStr>>) -> AgentArgs {
+        self.options.extend(options.into_iter().map(text));
+        self
+    }
+
+    /// The training script, after every option of muster's.
+    pub fn script(mut self, script: impl AsRef<OsStr>) -> AgentArgs {
+        self.script = Some(text(script));
+        self
+    }
+
+    /// One argument of the script's.
+    pub fn arg(mut self, arg: impl AsRef<OsStr>) -> AgentArgs {
+        self.script_args.push(text(arg));
+        self
+    }
+
+    pub fn args(mut self, args: impl IntoIterator<Item = impl AsRef<OsStr>>) -> AgentArgs {
+        self.script_args.extend(args.into_iter().map(text));
+        self
+    }
+
+    pub fn build(self) -> Vec<String> {
+        let script = self.script.unwrap_or_else(|| panic!("an agent's command line without a script: {:?}", self.job));
+        self.job.into_iter().chain(self.options).chain([script]).chain(self.script_args).collect()
+    }
+}

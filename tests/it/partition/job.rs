@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::common::cluster::{self, Agent};
+use crate::common::cluster::{self, Agent, AgentArgs};
 use crate::common::netns::Net;
 use crate::common::*;
 use super::{max_overlap, now, show, starts, transitions, Checks, Sampler, Seen, Timings, Tr, STORE_PORT};
@@ -122,6 +122,19 @@ impl<'n> Job<'n> {
         if !extra_conf.is_empty() {
             conf = format!("{conf},{extra_conf}");
         }
+        let args = AgentArgs::rdzv(backend, &self.nnodes, endpoint)
+            .nproc(1)
+            .run_id(&self.token)
+            .conf(conf)
+            .opt(format!("--local-addr={}", h.addr()))
+            .opt(format!("--event-log={}", self.events_path(host).display()))
+            .opt(format!("--log-dir={}", self.path().join(format!("logs-h{host}")).display()))
+            .opt("--max-restarts=3")
+            .opt(format!("--shutdown-timeout={}", self.workload.shutdown_timeout))
+            .script(&self.workload.script)
+            .arg(self.path())
+            .args(&self.workload.args)
+            .build();
         let mut cmd = muster();
         h.wrap(&mut cmd);
         // gloo picks its address from the hostname, which every host shares (and /etc/hosts maps to
@@ -129,22 +142,7 @@ impl<'n> Job<'n> {
         cmd.env("MUSTER_TEST_NODE", format!("h{host}"))
             .env("MUSTER_PARTITION_JOB", &self.token)
             .env("GLOO_SOCKET_IFNAME", format!("vh{host}"))
-            .args([
-                format!("--nnodes={}", self.nnodes),
-                "--nproc-per-node=1".into(),
-                format!("--rdzv-backend={backend}"),
-                format!("--rdzv-endpoint={endpoint}"),
-                format!("--rdzv-id={}", self.token),
-                format!("--rdzv-conf={conf}"),
-                format!("--local-addr={}", h.addr()),
-                format!("--event-log={}", self.events_path(host).display()),
-                format!("--log-dir={}", self.path().join(format!("logs-h{host}")).display()),
-                "--max-restarts=3".into(),
-                format!("--shutdown-timeout={}", self.workload.shutdown_timeout),
-                self.workload.script.display().to_string(),
-                self.path().display().to_string(),
-            ])
-            .args(&self.workload.args);
+            .args(args);
         self.nodes.push(Node { host, agent: Agent::spawn(&mut cmd), exit: None });
     }
 
