@@ -25,6 +25,8 @@ mod worker;
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod step_table;
 
 use std::sync::Arc;
 

@@ -77,104 +77,6 @@ fn inputs() -> Vec<(&'static str, Input)> {
     ]
 }
 
-/// The expected phase after (phase, input), as `State::phase_name` plus, for stops, the cause.
-fn expected(phase: &str, input: &str) -> &'static str {
-    let stopping_cause = |p: &str| -> &'static str {
-        match p {
-            "stopping:restart" => "stopping:restart",
-            "stopping:membership" => "stopping:membership",
-            "stopping:signal" => "stopping:signal",
-            _ => "stopping:drain",
-        }
-    };
-    match (phase, input) {
-        ("done", _) => "succeeded",
-        (_, "failed") => match phase {
-            "running" => "stopping:error",
-            "stopping:signal" => "stopping:signal",
-            "stopping:drain" => "stopping:drain",
-            p if p.starts_with("stopping") => "stopping:error",
-            "draining" => "drained",
-            "finishing:ok" => "succeeded",
-            "finishing:failed" => "failed",
-            _ => "failed",
-        },
-        (_, "signal") => match phase {
-            "running" => "stopping:signal",
-            p if p.starts_with("stopping") => "stopping:signal",
-            "draining" => "draining",
-            "finishing:failed" => "finishing",
-            _ => "interrupted",
-        },
-        // A drain-class fault on a used GPU drains from every phase but the last ones.
-        (_, "xid79") => match phase {
-            "running" => "stopping:drain",
-            "stopping:signal" => "stopping:signal",
-            p if p.starts_with("stopping") => "stopping:drain",
-            "draining" => "draining",
-            p if p.starts_with("finishing") => "finishing",
-            _ => "draining",
-        },
-        (_, "dbe-exclude") => match phase {
-            "running" => "stopping:exclude",
-            p if p.starts_with("stopping:restart") || p.starts_with("stopping:membership") => "stopping:exclude",
-            p if p.starts_with("stopping") => stopping_cause(p),
-            "draining" => "draining",
-            p if p.starts_with("finishing") => "finishing",
-            // The join finishes first (it re-forms after, see the next test).
-            "joining" => "rendezvous",
-            _ => "restarting",
-        },
-        (_, "xid13") => match phase {
-            "running" => "stopping:restart",
-            "stopping:membership" => "stopping:restart",
-            p if p.starts_with("stopping") => stopping_cause(p),
-            "reforming" => "restarting",
-            p if p.starts_with("finishing") => "finishing",
-            p => name_of(p),
-        },
-        (p, "xid-ignored") => name_of(p),
-        // A hang found as the group stops or re-forms changes nothing; outside those it is a bug.
-        ("running", "hung") => "stopping:restart",
-        (p, "hung") if p.starts_with("stopping") || matches!(p, "joining" | "starting" | "reforming") => name_of(p),
-        // A notice never changes the phase (running workers get it, see the effects check).
-        (p, "notice") => name_of(p),
-        ("joining", "joined") => "starting",
-        ("joining", "join-changed") => "restarting",
-        ("starting", "started") => "running",
-        ("starting", "start-lost") => "draining",
-        ("running", "succeeded") => "finishing",
-        ("running", "worker-failed") => "stopping:restart",
-        ("running", "membership") => "stopping:membership",
-        ("stopping:restart", "stopped") => "restarting",
-        ("stopping:membership", "stopped") => "restarting",
-        ("stopping:signal", "stopped") => "interrupted",
-        ("stopping:drain", "stopped") => "draining",
-        ("reforming", "reformed") => "rendezvous",
-        ("draining", "drained") => "drained",
-        ("finishing:ok", "finished") => "succeeded",
-        ("finishing:failed", "finished") => "failed",
-        // Anything else cannot come from the phase's operation: a loud internal error.
-        _ => "failed",
-    }
-}
-
-fn name_of(table_phase: &str) -> &'static str {
-    match table_phase {
-        "joining" => "rendezvous",
-        "starting" => "starting",
-        "running" => "running",
-        "reforming" => "restarting",
-        "draining" => "draining",
-        "finishing:ok" | "finishing:failed" => "finishing",
-        "stopping:restart" => "stopping:restart",
-        "stopping:membership" => "stopping:membership",
-        "stopping:signal" => "stopping:signal",
-        "stopping:drain" => "stopping:drain",
-        _ => "succeeded",
-    }
-}
-
 fn observed(state: &State) -> String {
     match &state.phase {
         Phase::Stopping(c) => format!(
@@ -192,31 +94,29 @@ fn observed(state: &State) -> String {
     }
 }
 
+/// What `step` made of one pair, in `step_table.rs`'s terms.
+fn effect_name(e: &Effect) -> String {
+    match e {
+        Effect::Fault(_, verdict) => format!("fault {verdict:?}").to_lowercase(),
+        Effect::Forward(sig) => format!("forward {}", sig.as_str()),
+    }
+}
+
 #[test]
 fn every_phase_and_input() {
-    let mut checked = 0;
-    for (pname, _) in phases() {
-        for (iname, _) in inputs() {
-            // Fresh values each time: phases and inputs are moved into `step`.
-            let phase = phases().into_iter().find(|(n, _)| *n == pname).map(|(_, p)| p);
-            let input = inputs().into_iter().find(|(n, _)| *n == iname).map(|(_, i)| i);
-            let (Some(phase), Some(input)) = (phase, input) else { panic!("table lost {pname}/{iname}") };
-            let mut state = State::new(job());
-            state.phase = phase;
-            let effects = step(&mut state, input);
-            assert_eq!(observed(&state), expected(pname, iname), "phase {pname}, input {iname}");
-            // Every fault is reported exactly once, whatever it came to.
-            let faults = effects.iter().filter(|e| matches!(e, Effect::Fault(..))).count();
-            let is_fault = matches!(iname, "xid79" | "dbe-exclude" | "xid13" | "xid-ignored" | "start-lost");
-            let reported = is_fault && pname != "done" && !(iname == "start-lost" && pname != "starting");
-            assert_eq!(faults, usize::from(reported), "phase {pname}, input {iname}: {effects:?}");
-            let forwards: Vec<&Effect> = effects.iter().filter(|e| matches!(e, Effect::Forward(_))).collect();
-            let forwarded = iname == "notice" && pname == "running";
-            assert_eq!(forwards, if forwarded { vec![&Effect::Forward(Signal::SIGUSR1)] } else { vec![] }, "phase {pname}, input {iname}");
-            checked += 1;
-        }
+    let mut seen = BTreeSet::new();
+    for &(pname, iname, after, spent, effects) in super::step_table::TABLE {
+        assert!(seen.insert((pname, iname)), "the table has {pname}/{iname} twice");
+        let phase = phases().into_iter().find(|(n, _)| *n == pname).map(|(_, p)| p);
+        let input = inputs().into_iter().find(|(n, _)| *n == iname).map(|(_, i)| i);
+        let (Some(phase), Some(input)) = (phase, input) else { panic!("no phase {pname} or input {iname}") };
+        let mut state = State::new(job());
+        state.phase = phase;
+        let got: Vec<String> = step(&mut state, input).iter().map(effect_name).collect();
+        let want: Vec<String> = effects.iter().map(|e| e.to_string()).collect();
+        assert_eq!((observed(&state).as_str(), state.restart_count, got), (after, spent, want), "phase {pname}, input {iname}");
     }
-    assert_eq!(checked, phases().len() * inputs().len());
+    assert_eq!(seen.len(), phases().len() * inputs().len(), "every (phase, input) pair has its row");
 }
 
 #[test]
