@@ -1,5 +1,6 @@
 //! The agent: a pure transition function (`step.rs` over `state.rs`'s types, with one file per cause) and a
-//! driver (`driver.rs`) that runs each phase's operation and feeds every event, from every source, back into it.
+//! driver (`driver.rs`) that runs each phase's operation (`ops.rs`, `start.rs`) and feeds every event, from every
+//! source, back into it; `setup.rs` sets it up, `transitions.rs` reports each phase change.
 //!
 //! Where each decision lives:
 //! - a worker dies, a stopped group restarts (restart accounting): `worker.rs`;
@@ -15,12 +16,15 @@ mod banner;
 mod driver;
 mod gpu;
 mod hang;
+mod ops;
 mod peer;
+mod setup;
 mod signal;
 mod start;
 pub mod state;
 mod step;
 mod stores;
+mod transitions;
 mod worker;
 
 #[cfg(test)]
@@ -92,7 +96,7 @@ pub async fn run(
         match driver::Agent::set_up(cfg.clone(), guard, gpu_job, &sinks).await {
             Ok(agent) => agent.drive().await,
             Err(end) => {
-                driver::Transitions::new(&cfg, &sinks).go(None, end.kind(), driver::end_detail(&end), None);
+                transitions::Transitions::new(&cfg, &sinks).go(None, end.kind(), transitions::end_detail(&end), None);
                 end
             }
         }

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::driver::Work;
+use super::ops::Work;
 use super::state::Input;
 use super::AgentError;
 use crate::config::LaunchConfig;

@@ -1,4 +1,4 @@
-//! Observability, fed from one place: the agent's transitions (`agent::driver::Transitions`) hand every
+//! Observability, fed from one place: the agent's transitions (`agent::transitions::Transitions`) hand every
 //! transition, input and GPU fault to an [`Observer`], which updates the metrics (`metrics.rs`), `/healthz`
 //! (`health.rs`), the recovery phases (`recovery.rs`) and writes the event log (`events.rs`). `http.rs` serves
 //! `/metrics`, `/healthz` and `/stacks`. Events, metric labels and JSON log lines carry the same identifiers: run id,

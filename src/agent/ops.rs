@@ -1,0 +1,235 @@
+//! The operations a phase runs (join, watch, stop, re-form, drain, finish; start is `start.rs`), each ending
+//! in the `Input` it comes to. Effects only: what they mean is `step`'s.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
+
+use super::state::{Grace, Input, Op};
+use super::stores::WorkerStore;
+use super::AgentError;
+use crate::config::LaunchConfig;
+use crate::gpu::health::Fault;
+use crate::rendezvous::{Published, RdzvError, Rendezvous, RoundInfo};
+use crate::store::tcp::Server;
+use crate::store::RdzvStore;
+use crate::supervisor::guard::OrphanGuard;
+use crate::supervisor::logs::RunLogs;
+use crate::supervisor::spare::WarmSpares;
+use crate::supervisor::{Watch, WorkerGroup};
+
+/// How long a restart after a worker failure on a GPU node waits for the GPU fault that may follow the
+/// death (the driver reports an XID tens of milliseconds after the process it killed is gone).
+const FAULT_SETTLE: Duration = Duration::from_millis(250);
+
+/// How long a worker's death by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) waits for the agent's own
+/// signal before it counts as a failure: `scancel` and container runtimes signal every process at once,
+/// and the workers may die before the agent handles its copy.
+const SIGNAL_HOLD: Duration = Duration::from_secs(1);
+
+/// How long the `--on-node-fault` hook may run.
+const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// This node's GPUs, when NVML is there.
+pub(super) struct Gpus {
+    pub(super) nvml: &'static nvml_wrapper::Nvml,
+    pub(super) all: Vec<crate::gpu::GpuInfo>,
+}
+
+/// What the operations work on.
+pub(super) struct Work {
+    pub(super) cfg: Arc<LaunchConfig>,
+    pub(super) guard: Arc<OrphanGuard>,
+    pub(super) hostname: String,
+    pub(super) logs: RunLogs,
+    pub(super) hosted: Option<Server>,
+    pub(super) rendezvous: Rendezvous<RdzvStore>,
+    pub(super) worker_store: WorkerStore,
+    pub(super) spares: WarmSpares,
+    pub(super) gpus: Option<Gpus>,
+    /// The first placement put workers on GPUs: from then on a placement error is a GPU error.
+    pub(super) gpu_job: bool,
+    pub(super) group: Option<WorkerGroup>,
+    /// The round joined and its workers' store endpoint.
+    pub(super) round: Option<(RoundInfo, String, u16)>,
+    /// Hang detection (`--hang-timeout`), watching the running group.
+    pub(super) hang: Option<crate::hang::Monitor>,
+    /// The running workers, for `GET /stacks`.
+    pub(super) stacks: Arc<crate::hang::Registry>,
+    /// The running group's attempt directory.
+    pub(super) attempt_dir: Option<std::path::PathBuf>,
+}
+
+impl Work {
+    pub(super) async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
+        match op {
+            Op::Join => self.join(nproc, restart_count).await,
+            Op::Start { nproc, excluded, settle } => {
+                if settle {
+                    tokio::time::sleep(FAULT_SETTLE).await;
+                }
+                self.start(nproc, excluded, restart_count).await
+            }
+            Op::Watch => self.watch().await,
+            Op::Stop(sig, grace) => self.stop(sig, grace).await,
+            Op::Reform { open } => self.reform(open).await,
+            Op::Drain(fault) => self.drain(&fault).await,
+            Op::Finish { barrier } => self.finish(barrier).await,
+            Op::None => std::future::pending().await,
+        }
+    }
+
+    /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
+    /// others wait for it (or for a membership change that means it will never come).
+    async fn join(&mut self, nproc: u32, restart_count: u32) -> Input {
+        self.rendezvous.set_nproc(nproc);
+        self.rendezvous.set_restarts(restart_count);
+        let round = match self.rendezvous.next_round().await {
+            Ok(round) => round,
+            Err(e) => return Input::Failed(e.into()),
+        };
+        let endpoint = if round.group_rank == 0 {
+            match self.worker_store.prepare(&self.cfg, self.hosted.as_ref(), round.group_world_size).await {
+                Ok((addr, port)) => match self.rendezvous.publish("master", format!("{port} {addr}").as_bytes()).await {
+                    Ok(()) => (addr, port),
+                    Err(e) => return Input::Failed(e.into()),
+                },
+                Err(e) => return Input::Failed(e),
+            }
+        } else {
+            match self.rendezvous.wait_published("master", self.cfg.rdzv.read_timeout).await {
+                Ok(Published::Value(v)) => match parse_master(&v) {
+                    Ok(endpoint) => endpoint,
+                    Err(e) => return Input::Failed(e.into()),
+                },
+                Ok(Published::Changed(event)) => {
+                    tracing::info!(?event, "membership changed before the group started; re-forming (no restart spent)");
+                    return Input::JoinChanged(event);
+                }
+                Err(e) => return Input::Failed(e.into()),
+            }
+        };
+        self.round = Some((round, endpoint.0, endpoint.1));
+        Input::Joined { nproc }
+    }
+
+    async fn watch(&mut self) -> Input {
+        let Some(group) = self.group.as_mut() else {
+            return Input::Failed(AgentError::Internal("no worker group to watch".into()));
+        };
+        let board = self.rendezvous.hang_board();
+        let note = self.rendezvous.beat_note();
+        let hang = async {
+            match self.hang.as_mut() {
+                Some(monitor) => monitor.next(board.as_ref(), &note).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            outcome = group.watch(&mut self.spares) => match outcome {
+                Watch::Succeeded => Input::Succeeded,
+                Watch::Failed(failure) => {
+                    if failure.stop_signal() {
+                        // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
+                        tokio::time::sleep(SIGNAL_HOLD).await;
+                    }
+                    let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
+                    let (change, ()) = tokio::join!(
+                        self.rendezvous.change_behind_failure(),
+                        crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
+                    );
+                    Input::WorkerFailed { failure, change }
+                }
+            },
+            event = self.rendezvous.next_event() => match event {
+                Ok(event) => {
+                    tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
+                    Input::Membership(event)
+                }
+                Err(e) => Input::Failed(e.into()),
+            },
+            found = hang => Input::Hung(Box::new(found)),
+        }
+    }
+
+    async fn stop(&mut self, sig: Signal, grace: Grace) -> Input {
+        let membership = self.cfg.rdzv.membership_grace;
+        let grace = match grace {
+            Grace::Shutdown => self.cfg.shutdown_timeout,
+            Grace::Membership => membership.min(self.cfg.shutdown_timeout),
+            Grace::Fenced => self.rendezvous.timing().fenced_grace(membership).min(self.cfg.shutdown_timeout),
+        };
+        if let Some(monitor) = self.hang.as_mut() {
+            monitor.disarm();
+        }
+        let failures = match self.group.as_mut() {
+            Some(group) => group.stop(sig, grace).await,
+            None => Vec::new(),
+        };
+        self.group = None;
+        self.stacks.set(Vec::new());
+        Input::Stopped(failures)
+    }
+
+    async fn reform(&mut self, open: bool) -> Input {
+        if open {
+            if let Err(e) = self.rendezvous.open_next_round().await {
+                return Input::Failed(e.into());
+            }
+        }
+        Input::Reformed
+    }
+
+    /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
+    /// user's hook (bounded).
+    async fn drain(&mut self, fault: &Fault) -> Input {
+        if let Err(e) = self.rendezvous.leave().await {
+            tracing::warn!("cannot leave the rendezvous: {e}");
+        }
+        if let Some(cmd) = &self.cfg.on_node_fault {
+            let env = super::gpu::hook_env(fault, &self.cfg.run_id);
+            // Said in the log whatever it came to; a hook never changes how the node ends.
+            let _ = crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT, &self.guard).await;
+        }
+        Input::Drained
+    }
+
+    /// On success, the exit barrier (the node hosting the store outlives the others' use of it); then the
+    /// rendezvous is closed (success or final failure, never a signal), within `close_timeout`.
+    async fn finish(&mut self, barrier: bool) -> Input {
+        self.spares.clear();
+        if barrier {
+            if let Err(e) = self.rendezvous.exit_barrier().await {
+                tracing::warn!("{e}");
+            }
+        }
+        let timeout = self.cfg.rdzv.close_timeout;
+        match tokio::time::timeout(timeout, self.rendezvous.close()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!("cannot close the rendezvous: {e}"),
+            Err(_) => tracing::warn!("cannot close the rendezvous within close_timeout ({timeout:?})"),
+        }
+        if barrier {
+            // Bounded like `close`: a store already gone must not hold the exit.
+            match tokio::time::timeout(timeout, self.rendezvous.leave_store(self.hosted.is_some())).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::debug!("could not say this node is done with the store: {e}"),
+                Err(_) => tracing::debug!("could not say this node is done with the store within close_timeout"),
+            }
+        }
+        Input::Finished
+    }
+}
+
+/// `"<port> <addr>"` as group rank 0 publishes it.
+fn parse_master(v: &[u8]) -> Result<(String, u16), RdzvError> {
+    let text = String::from_utf8_lossy(v);
+    let bad = || RdzvError::State(format!("group rank 0 published a malformed workers' store endpoint '{text}'"));
+    let (port, addr) = text.split_once(' ').ok_or_else(bad)?;
+    let port: u16 = port.parse().map_err(|_| bad())?;
+    if addr.is_empty() || port == 0 {
+        return Err(bad());
+    }
+    Ok((addr.to_string(), port))
+}
