@@ -107,7 +107,7 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
     if let (Input::Signal(sig), Phase::Running | Phase::Stopping(_)) = (&input, &state.phase) {
         tracing::warn!("received {} death signal, shutting down workers", sig.as_str());
     }
-    let seen = transitions.observer.before(input.record(state), &state.record());
+    let seen = transitions.observer.before(input.record(state));
     let mut forward = None;
     for effect in super::step::step(state, input) {
         match effect {
@@ -116,9 +116,11 @@ fn apply(state: &mut State, input: Input, faults: &mut FaultLog, transitions: &m
                 transitions.observer.fault(&fault, verdict.as_str(), count);
             }
             Effect::Forward(sig) => forward = Some(sig),
+            Effect::RestartSpent(kind) => transitions.observer.restart_spent(kind),
+            Effect::Excluded(_) => transitions.observer.gpu_excluded(),
         }
     }
-    transitions.observer.after(&seen, &state.record());
+    transitions.observer.after(&state.record());
     let after = state.phase_name();
     if after != before || state.is_done() {
         transitions.go(Some(state), state.phase.kind(), detail(state), Some(seen.at()));

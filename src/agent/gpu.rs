@@ -26,7 +26,11 @@ pub fn on_fault(state: &mut State, phase: Phase, fault: Fault) -> (Phase, Vec<Ef
         (Phase::Running, Action::Drain) => (Phase::Stopping(Cause::Drain(fault.clone())), Verdict::Acted),
         (Phase::Stopping(c), Action::Drain) => (Phase::Stopping(c.merge(Cause::Drain(fault.clone()))), Verdict::Acted),
         (_, Action::Drain) => (Phase::Draining(fault.clone()), Verdict::Acted),
-        (phase, Action::Exclude) => (exclude(state, phase, &fault), Verdict::Acted),
+        (phase, Action::Exclude) => {
+            let next = exclude(state, phase, &fault);
+            let gpu = fault.gpu.index;
+            return (next, vec![Effect::Excluded(gpu), Effect::Fault(Box::new(fault), Verdict::Acted)]);
+        }
         (Phase::Running, Action::Restart) => {
             (Phase::Stopping(Cause::Restart { failures: Vec::new(), fault: Some(fault.clone()), hang: false }), Verdict::Acted)
         }
@@ -63,13 +67,16 @@ pub fn on_start_lost(state: &mut State, phase: Phase, fault: Fault) -> (Phase, V
     if !matches!(phase, Phase::Starting) {
         return (super::state::unexpected(phase, "start_lost"), Vec::new());
     }
+    let mut effects = Vec::new();
     let next = if effective_action(state, &fault) == Action::Exclude && !state.excluded.contains(&fault.gpu.index) {
         state.excluded.insert(fault.gpu.index);
+        effects.push(Effect::Excluded(fault.gpu.index));
         Phase::Reforming { open: true }
     } else {
         Phase::Draining(fault.clone())
     };
-    (next, vec![Effect::Fault(Box::new(fault), Verdict::Acted)])
+    effects.push(Effect::Fault(Box::new(fault), Verdict::Acted));
+    (next, effects)
 }
 
 /// Why a fault changes nothing here, if it does not.

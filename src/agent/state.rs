@@ -274,6 +274,10 @@ pub enum Effect {
     Fault(Box<Fault>, Verdict),
     /// Send a notice signal to the running workers (they keep running).
     Forward(Signal),
+    /// A stop of this kind spent one restart (observe counts it by cause).
+    RestartSpent(StopKind),
+    /// This GPU is excluded from now on (observe counts it as a membership change of this node).
+    Excluded(u32),
 }
 
 /// What does not change during a run.
@@ -346,7 +350,6 @@ impl State {
             nproc: self.nproc(),
             restart_count: self.restart_count,
             restarts_left: self.restarts_left(),
-            excluded: self.excluded.len(),
         }
     }
 

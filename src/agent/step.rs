@@ -24,7 +24,7 @@ pub fn step(state: &mut State, input: Input) -> Vec<Effect> {
         Input::Membership(event) => (super::peer::on_membership(phase, event), Vec::new()),
         Input::Hung(found) => (super::hang::on_hang(phase, &found, state.job.on_hang), Vec::new()),
         Input::JoinChanged(event) => (super::peer::on_join_changed(&state.job, phase, event), Vec::new()),
-        Input::Stopped(later) => (super::worker::on_stopped(state, phase, later), Vec::new()),
+        Input::Stopped(later) => super::worker::on_stopped(state, phase, later),
         Input::Failed(error) => (on_failed(phase, error), Vec::new()),
         completion => (on_completion(state, phase, completion), Vec::new()),
     };

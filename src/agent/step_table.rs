@@ -3,7 +3,8 @@
 
 /// (phase, input) → (phase after, restarts spent, effects). Phases and inputs are named as `tests.rs`'s
 /// `phases()` and `inputs()`; the phase after is `State::phase_name`, with the cause for a stop; effects are
-/// `fault <verdict>` (a fault counted and reported) and `forward <signal>` (a notice to the running workers).
+/// `fault <verdict>` (a fault counted and reported), `forward <signal>` (a notice to the running workers),
+/// `restart spent (<cause>)` and `exclude gpu <index>` (what observe counts).
 /// `failed` after an input the phase's operation cannot produce: a loud internal error, never a silent one.
 #[rustfmt::skip]
 pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
@@ -11,7 +12,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("joining", "signal", "interrupted", 0, &[]),
     ("joining", "notice", "rendezvous", 0, &[]),
     ("joining", "xid79", "draining", 0, &["fault acted"]),
-    ("joining", "dbe-exclude", "rendezvous", 0, &["fault acted"]),
+    ("joining", "dbe-exclude", "rendezvous", 0, &["exclude gpu 2", "fault acted"]),
     ("joining", "xid13", "rendezvous", 0, &["fault absorbed"]),
     ("joining", "xid-ignored", "rendezvous", 0, &["fault ignored"]),
     ("joining", "joined", "starting", 0, &[]),
@@ -31,7 +32,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("starting", "signal", "interrupted", 0, &[]),
     ("starting", "notice", "starting", 0, &[]),
     ("starting", "xid79", "draining", 0, &["fault acted"]),
-    ("starting", "dbe-exclude", "restarting", 0, &["fault acted"]),
+    ("starting", "dbe-exclude", "restarting", 0, &["exclude gpu 2", "fault acted"]),
     ("starting", "xid13", "starting", 0, &["fault absorbed"]),
     ("starting", "xid-ignored", "starting", 0, &["fault ignored"]),
     ("starting", "joined", "failed", 0, &[]),
@@ -51,7 +52,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("running", "signal", "stopping:signal", 0, &[]),
     ("running", "notice", "running", 0, &["forward SIGUSR1"]),
     ("running", "xid79", "stopping:drain", 0, &["fault acted"]),
-    ("running", "dbe-exclude", "stopping:exclude", 0, &["fault acted"]),
+    ("running", "dbe-exclude", "stopping:exclude", 0, &["exclude gpu 2", "fault acted"]),
     ("running", "xid13", "stopping:restart", 0, &["fault acted"]),
     ("running", "xid-ignored", "running", 0, &["fault ignored"]),
     ("running", "joined", "failed", 0, &[]),
@@ -71,7 +72,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("stopping:restart", "signal", "stopping:signal", 0, &[]),
     ("stopping:restart", "notice", "stopping:restart", 0, &[]),
     ("stopping:restart", "xid79", "stopping:drain", 0, &["fault acted"]),
-    ("stopping:restart", "dbe-exclude", "stopping:exclude", 0, &["fault acted"]),
+    ("stopping:restart", "dbe-exclude", "stopping:exclude", 0, &["exclude gpu 2", "fault acted"]),
     ("stopping:restart", "xid13", "stopping:restart", 0, &["fault absorbed"]),
     ("stopping:restart", "xid-ignored", "stopping:restart", 0, &["fault ignored"]),
     ("stopping:restart", "joined", "failed", 0, &[]),
@@ -81,7 +82,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("stopping:restart", "succeeded", "failed", 0, &[]),
     ("stopping:restart", "worker-failed", "failed", 0, &[]),
     ("stopping:restart", "membership", "failed", 0, &[]),
-    ("stopping:restart", "stopped", "restarting", 1, &[]),
+    ("stopping:restart", "stopped", "restarting", 1, &["restart spent (worker failure)"]),
     ("stopping:restart", "reformed", "failed", 0, &[]),
     ("stopping:restart", "drained", "failed", 0, &[]),
     ("stopping:restart", "finished", "failed", 0, &[]),
@@ -91,7 +92,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("stopping:membership", "signal", "stopping:signal", 0, &[]),
     ("stopping:membership", "notice", "stopping:membership", 0, &[]),
     ("stopping:membership", "xid79", "stopping:drain", 0, &["fault acted"]),
-    ("stopping:membership", "dbe-exclude", "stopping:exclude", 0, &["fault acted"]),
+    ("stopping:membership", "dbe-exclude", "stopping:exclude", 0, &["exclude gpu 2", "fault acted"]),
     ("stopping:membership", "xid13", "stopping:restart", 0, &["fault absorbed"]),
     ("stopping:membership", "xid-ignored", "stopping:membership", 0, &["fault ignored"]),
     ("stopping:membership", "joined", "failed", 0, &[]),
@@ -111,7 +112,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("stopping:signal", "signal", "stopping:signal", 0, &[]),
     ("stopping:signal", "notice", "stopping:signal", 0, &[]),
     ("stopping:signal", "xid79", "stopping:signal", 0, &["fault acted"]),
-    ("stopping:signal", "dbe-exclude", "stopping:signal", 0, &["fault acted"]),
+    ("stopping:signal", "dbe-exclude", "stopping:signal", 0, &["exclude gpu 2", "fault acted"]),
     ("stopping:signal", "xid13", "stopping:signal", 0, &["fault absorbed"]),
     ("stopping:signal", "xid-ignored", "stopping:signal", 0, &["fault ignored"]),
     ("stopping:signal", "joined", "failed", 0, &[]),
@@ -131,7 +132,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("stopping:drain", "signal", "stopping:signal", 0, &[]),
     ("stopping:drain", "notice", "stopping:drain", 0, &[]),
     ("stopping:drain", "xid79", "stopping:drain", 0, &["fault acted"]),
-    ("stopping:drain", "dbe-exclude", "stopping:drain", 0, &["fault acted"]),
+    ("stopping:drain", "dbe-exclude", "stopping:drain", 0, &["exclude gpu 2", "fault acted"]),
     ("stopping:drain", "xid13", "stopping:drain", 0, &["fault absorbed"]),
     ("stopping:drain", "xid-ignored", "stopping:drain", 0, &["fault ignored"]),
     ("stopping:drain", "joined", "failed", 0, &[]),
@@ -151,7 +152,7 @@ pub(super) const TABLE: &[(&str, &str, &str, u32, &[&str])] = &[
     ("reforming", "signal", "interrupted", 0, &[]),
     ("reforming", "notice", "restarting", 0, &[]),
     ("reforming", "xid79", "draining", 0, &["fault acted"]),
-    ("reforming", "dbe-exclude", "restarting", 0, &["fault acted"]),
+    ("reforming", "dbe-exclude", "restarting", 0, &["exclude gpu 2", "fault acted"]),
     ("reforming", "xid13", "restarting", 0, &["fault absorbed"]),
     ("reforming", "xid-ignored", "restarting", 0, &["fault ignored"]),
     ("reforming", "joined", "failed", 0, &[]),

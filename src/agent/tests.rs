@@ -99,6 +99,8 @@ fn effect_name(e: &Effect) -> String {
     match e {
         Effect::Fault(_, verdict) => format!("fault {verdict:?}").to_lowercase(),
         Effect::Forward(sig) => format!("forward {}", sig.as_str()),
+        Effect::RestartSpent(kind) => format!("restart spent ({})", kind.as_str()),
+        Effect::Excluded(gpu) => format!("exclude gpu {gpu}"),
     }
 }
 

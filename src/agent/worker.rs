@@ -5,7 +5,7 @@
 //! join the failure summary, and a GPU fault met meanwhile is the same cause (one restart, not two).
 
 use super::peer::after_change;
-use super::state::{unexpected, Cause, End, Phase, State};
+use super::state::{unexpected, Cause, Effect, End, Phase, State};
 use super::AgentError;
 use crate::rendezvous::RdzvEvent;
 use crate::supervisor::failure::ProcessFailure;
@@ -29,18 +29,19 @@ pub fn on_worker_failed(failure: ProcessFailure, change: Option<RdzvEvent>) -> P
 }
 
 /// The group is stopped; `later` are the failures seen while stopping.
-pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -> Phase {
+pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -> (Phase, Vec<Effect>) {
     let cause = match phase {
         Phase::Stopping(cause) => cause,
-        phase => return unexpected(phase, "stopped"),
+        phase => return (unexpected(phase, "stopped"), Vec::new()),
     };
-    match cause {
+    let kind = cause.kind();
+    let next = match cause {
         Cause::Restart { mut failures, fault, .. } => {
             failures.extend(later);
             if state.restart_count < state.job.max_restarts {
                 state.restart_count += 1;
                 state.spent_by_last_stop = true;
-                return Phase::Reforming { open: true };
+                return (Phase::Reforming { open: true }, vec![Effect::RestartSpent(kind)]);
             }
             match fault {
                 Some(f) if failures.is_empty() => Phase::Finishing(End::Error(AgentError::Gpu(format!(
@@ -55,5 +56,6 @@ pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -
         Cause::Drain(fault) => Phase::Draining(fault),
         Cause::Signal(sig) => Phase::Done(End::Interrupted(sig)),
         Cause::Error(e) => Phase::Done(End::Error(e)),
-    }
+    };
+    (next, Vec::new())
 }

@@ -66,7 +66,6 @@ mod tests {
             nproc: 1,
             restart_count: 0,
             restarts_left: 0,
-            excluded: 0,
         };
         let cases = [
             (state(Rendezvous, None, false), true),

@@ -75,12 +75,9 @@ struct Ids {
     restart_count: u32,
 }
 
-/// What a step may change besides the phase, read before it.
+/// An input as it arrived, before its step.
 pub struct Before {
     at: Instant,
-    restart_count: u32,
-    excluded: usize,
-    stop: Option<record::StopKind>,
 }
 
 impl Before {
@@ -161,8 +158,8 @@ impl Observer {
         }
     }
 
-    /// Reads what a step may change, and counts what the input itself says (worker exits, membership).
-    pub fn before(&self, input: InputRecord, state: &StateRecord) -> Before {
+    /// Counts what the input itself says (worker exits, membership, a hang) as it arrives.
+    pub fn before(&self, input: InputRecord) -> Before {
         if let Some(m) = &self.metrics {
             match input {
                 InputRecord::Exits { exitcode, count } => m.worker_exits(exitcode, count),
@@ -175,20 +172,29 @@ impl Observer {
         if let InputRecord::Hang(found) = input {
             self.hang(found);
         }
-        Before { at: Instant::now(), restart_count: state.restart_count, excluded: state.excluded, stop: state.stop }
+        Before { at: Instant::now() }
     }
 
-    /// After a step: restarts spent and GPUs excluded (a membership change of this node).
-    pub fn after(&mut self, before: &Before, state: &StateRecord) {
-        self.ids.restart_count = state.restart_count;
-        let Some(m) = &self.metrics else { return };
-        if state.restart_count > before.restart_count {
-            m.restart(before.stop.map_or("worker_failure", record::StopKind::restart_label));
+    /// A stop of this kind spent a restart (`step`'s effect).
+    pub fn restart_spent(&self, kind: record::StopKind) {
+        if let Some(m) = &self.metrics {
+            m.restart(kind.restart_label());
         }
-        if state.excluded > before.excluded {
+    }
+
+    /// A GPU was excluded (`step`'s effect): a membership change of this node.
+    pub fn gpu_excluded(&self) {
+        if let Some(m) = &self.metrics {
             m.membership("gpu_excluded");
         }
-        m.restarts_left(state.restarts_left);
+    }
+
+    /// After a step: the restart count the logs carry and the restarts left.
+    pub fn after(&mut self, state: &StateRecord) {
+        self.ids.restart_count = state.restart_count;
+        if let Some(m) = &self.metrics {
+            m.restarts_left(state.restarts_left);
+        }
     }
 
     /// A hang found: the verdict (from the node that gave it) and what this node takes part with.

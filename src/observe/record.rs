@@ -89,8 +89,6 @@ pub struct StateRecord {
     pub nproc: u32,
     pub restart_count: u32,
     pub restarts_left: u32,
-    /// GPUs excluded so far.
-    pub excluded: usize,
 }
 
 /// What an input says by itself, counted when it arrives.
