@@ -45,7 +45,7 @@ except ImportError:\n    pass\n\
 run()\n";
 
 /// `--warm-spares MODULES`: dotted Python module names, for a Python entrypoint.
-pub(super) fn warm_spares(cli: &Cli) -> Result<Option<crate::supervisor::spare::WarmConfig>, ConfigError> {
+pub(super) fn warm_spares(cli: &Cli) -> Result<Option<WarmConfig>, ConfigError> {
     let Some(text) = cli.warm_spares.as_deref().filter(|t| !t.trim().is_empty()) else { return Ok(None) };
     if cli.no_python && !cli.run_path {
         return Err(bad("'--warm-spares' needs a Python entrypoint: with '--no-python' muster runs the program itself"));
@@ -59,7 +59,15 @@ pub(super) fn warm_spares(cli: &Cli) -> Result<Option<crate::supervisor::spare::
             "'--warm-spares {text}': '{m}' is not a Python module name; give names like torch,torch.distributed"
         )));
     }
-    Ok(Some(crate::supervisor::spare::WarmConfig { modules, delay: Duration::from_secs_f64(cli.warm_spares_delay) }))
+    Ok(Some(WarmConfig { modules, delay: Duration::from_secs_f64(cli.warm_spares_delay) }))
+}
+
+/// `--warm-spares` and `--warm-spares-delay`: the modules each spare imports, and how long after a start the
+/// spares are started.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WarmConfig {
+    pub modules: Vec<String>,
+    pub delay: Duration,
 }
 
 pub(super) fn resolve(cli: &Cli, host: &Host) -> Result<Entrypoint, ConfigError> {

@@ -21,7 +21,7 @@ mod rdzv;
 pub mod etcd;
 pub mod token;
 
-pub use entrypoint::{find_program, Entrypoint};
+pub use entrypoint::{find_program, Entrypoint, WarmConfig};
 pub use hang::{HangConfig, OnHang};
 pub use observe::ObserveConfig;
 pub use logs::{LogConfig, Std, StdSpec};
@@ -87,7 +87,7 @@ pub struct LaunchConfig {
     pub on_node_fault: Option<String>,
     pub gpu_wait_timeout: Duration,
     /// `--warm-spares`: None when off.
-    pub warm_spares: Option<crate::supervisor::spare::WarmConfig>,
+    pub warm_spares: Option<WarmConfig>,
     /// `--hang-timeout` and its companions: None when off.
     pub hang: Option<HangConfig>,
     /// `--stacks-on-failure`.

@@ -30,6 +30,7 @@ use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 use super::env::{Placement, PER_START, WITHHELD};
 use super::children;
 use super::guard::OrphanGuard;
+use crate::config::WarmConfig;
 
 /// What a spare runs: `python -u -c BOOTSTRAP MODULES ARGS...`.
 const BOOTSTRAP: &str = include_str!("spare.py");
@@ -40,13 +41,6 @@ pub const SPARE_VAR: &str = "MUSTER_WARM_SPARE";
 /// Bound on the hand-over write; the payload (the environment) fits the socket buffer even when the spare
 /// is still importing and not reading yet.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(1);
-
-/// `--warm-spares` and `--warm-spares-delay`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct WarmConfig {
-    pub modules: Vec<String>,
-    pub delay: Duration,
-}
 
 /// How one worker is started: the command for a cold start, and what its spare must match.
 #[derive(Debug, Clone)]
