@@ -65,8 +65,10 @@ pub enum Given {
     version,
     about = "Per-node launcher for PyTorch distributed training: a drop-in for torchrun that stays up.",
     after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor, \
-                  muster bench.\n\
-                  Exit codes: 0 success, 1 workers failed, 2 bad input, 128+N when stopped by signal N."
+                  muster status, muster bench.\n\
+                  Exit codes: 0 success, 1 workers failed, 2 bad input, 3 rendezvous incomplete (requeue), 4 \
+                  rendezvous closed without this node, 75 node unhealthy (reschedule elsewhere), 128+N stopped by \
+                  signal N."
 )]
 #[command(args_override_self = true, disable_help_subcommand = true)]
 pub struct Cli {
