@@ -11,7 +11,8 @@ use muster::exit;
 use muster::config::{Host, LaunchConfig};
 use muster::supervisor::failure;
 use muster::supervisor::guard::{GuardError, OrphanGuard};
-use muster::tools::{self, Threads, ToolError};
+use muster::runtime::{self, Threads};
+use muster::tools::{self, ToolError};
 
 fn main() -> ExitCode {
     ExitCode::from(tools::finish("muster", run()))
@@ -57,7 +58,7 @@ fn run() -> Result<u8, ToolError> {
     let (cfg, gpu_job, sinks) = checked(&cli).map_err(usage)?;
     // From here on a failed write to the console is said once, in the agent's log and the event log.
     sinks.events.record_console_loss(&cfg.run_id);
-    let runtime = muster::runtime::build(Threads::PerCore)
+    let runtime = runtime::build(Threads::PerCore)
         .map_err(|e| ToolError::Failed(format!("error: cannot start the async runtime: {e}")))?;
     // block_on polls the agent on this (main) thread, which is where workers must be spawned from.
     let outcome = runtime.block_on(agent::run(cfg, guard.clone(), gpu_job, sinks));
