@@ -83,10 +83,10 @@ impl Session {
     /// Puts `key` on the lease, recording it first so a lease granted again in between puts it too.
     pub(super) async fn put(self: &Arc<Self>, key: Vec<u8>, value: &[u8]) -> Result<(), StoreError> {
         self.state().keys.insert(key.clone(), value.to_vec());
+        let mut lease = self.lease().await?;
         for _ in 0..2 {
-            let lease = self.lease().await?;
             match self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(&key, value, Some(lease)), self.deadline()).await {
-                Err(StoreError::Etcd { code: wire::CODE_NOT_FOUND, .. }) => self.lost(lease),
+                Err(StoreError::Etcd { code: wire::CODE_NOT_FOUND, .. }) => lease = self.replace(lease).await?,
                 other => return other.map(drop),
             }
         }
@@ -97,37 +97,46 @@ impl Session {
         self.state().keys.remove(key);
     }
 
-    /// The lease is gone: the next use grants another.
-    fn lost(&self, lease: i64) {
-        let mut state = self.state();
-        if state.lease == Some(lease) {
-            state.lease = None;
-        }
-    }
-
     /// One keepalive; on a lost lease, a new one with every session key on it.
     async fn refresh(self: &Arc<Self>) -> Result<(), StoreError> {
         let Some(lease) = self.state().lease else { return Ok(()) };
         let deadline = Instant::now() + self.ttl / 3;
         let reply: KeepaliveReply = self.cluster.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }), deadline).await?;
-        if reply.result.ttl > 0 {
-            return Ok(());
+        if reply.result.ttl <= 0 {
+            self.replace(lease).await?;
         }
-        self.lost(lease);
-        // Granted here rather than through `lease()`, which starts this task.
+        Ok(())
+    }
+
+    /// etcd says `lost` is gone: one new lease, however many callers found it gone at once, under the
+    /// granting lock. Every session key is put on it before it becomes the lease others use and the
+    /// keepalive keeps: a second grant racing this one would leave the keys on a lease nobody keeps alive,
+    /// and they would vanish one TTL later. Abandoned half-way (an error, a cancelled caller), `lost`
+    /// stays the lease, so the next keepalive or put replaces it again.
+    async fn replace(self: &Arc<Self>, lost: i64) -> Result<i64, StoreError> {
+        let _granting = self.granting.lock().await;
+        if let Some(current) = self.state().lease.filter(|&id| id != lost) {
+            return Ok(current);
+        }
         let lease = self.grant().await?;
-        self.state().lease = Some(lease);
         let keys = self.state().keys.clone();
         for (key, value) in &keys {
             self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(key, value, Some(lease)), self.deadline()).await?;
         }
+        self.state().lease = Some(lease);
         tracing::warn!(
             "this agent's etcd lease expired (etcd was out of reach for longer than its TTL, {:?}); \
              {} session key(s) set again on a new lease",
             self.ttl,
             keys.len()
         );
-        Ok(())
+        Ok(lease)
+    }
+
+    /// The lease the keepalive keeps now.
+    #[cfg(test)]
+    pub(super) fn current(&self) -> Option<i64> {
+        self.state().lease
     }
 
     /// Stops the keepalive and forgets the lease without revoking it, as a SIGKILLed agent leaves it.

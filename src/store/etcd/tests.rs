@@ -129,3 +129,41 @@ async fn counters_read_as_their_count_and_other_adds_still_add() {
     assert!(s.delete("c").await.unwrap());
     assert_eq!(s.add("c", 1).await.unwrap(), 1, "a deleted counter starts again");
 }
+
+/// etcd forgot this handle's lease (it expired while etcd was frozen): one new lease carries every session
+/// key, and it is the one kept alive, however busy the heartbeat is meanwhile. A second lease granted
+/// beside it would leave the liveness key on a lease nobody keeps alive, gone one TTL later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_is_replaced_once_with_every_session_key_on_it() {
+    let etcd = TestEtcd::start();
+    let observer = etcd.store("/t/").await;
+    let member = std::sync::Arc::new(etcd.store("/t/").await);
+    member.set_session("alive/x", b"1").await.unwrap();
+    let first = member.session.current().unwrap();
+    let mut events = observer.watch(&[WatchTarget::Key("alive/x".into())]).await.unwrap();
+    let beating = {
+        let member = member.clone();
+        tokio::spawn(async move {
+            loop {
+                let _ = member.beat("hb/x", b"1", Duration::from_secs(2)).await;
+                tokio::task::yield_now().await;
+            }
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    let revoke = serde_json::json!({ "ID": first.to_string() });
+    member.cluster.call::<serde_json::Value>("/v3/lease/revoke", &revoke, deadline).await.unwrap();
+    for kind in [WatchEventKind::Deleted, WatchEventKind::Written] {
+        let e = tokio::time::timeout(Duration::from_secs(15), events.recv()).await.unwrap().unwrap();
+        assert_eq!((e.kind, e.key.as_str()), (kind, "alive/x"));
+    }
+    member.set_session("alive/y", b"1").await.unwrap();
+    beating.abort();
+    let kept = member.session.current().unwrap();
+    assert_ne!(kept, first, "a new lease");
+    for key in ["alive/x", "alive/y"] {
+        let range = super::wire::range(&observer.full(key), false, false);
+        let reply: serde_json::Value = observer.cluster.call("/v3/kv/range", &range, deadline).await.unwrap();
+        assert_eq!(reply["kvs"][0]["lease"].as_str(), Some(kept.to_string().as_str()), "{key} is on the lease kept alive");
+    }
+}
