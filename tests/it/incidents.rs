@@ -58,6 +58,20 @@ struct Cluster {
 
 const TWO_GPUS: usize = 2;
 
+/// A run that failed shows what every agent said: the outcome alone rarely tells why.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            return;
+        }
+        for node in &self.nodes {
+            if let Some(agent) = &node.agent {
+                eprintln!("--- agent {}:\n{}", node.name, agent.log());
+            }
+        }
+    }
+}
+
 impl Cluster {
     fn new(names: &[&'static str], attach: bool, busy_on_b: &[(usize, u32)]) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
