@@ -41,6 +41,11 @@ stress_args() {
     require_positive_ints runs
 }
 
+# it_modules: the modules of tests/it that hold tests (the first part of each test's name), one per line.
+it_modules() {
+    cargo test --quiet --test it -- --list | sed -n 's/^\([a-z0-9_]*\)::.*: test$/\1/p' | sort -u
+}
+
 # it_tests MODULE: sets the array `tests` to the test-runner arguments that run the tests of tests/it/MODULE.rs
 # whose names contain `filter` and none of the `skip` patterns (as stress_args sets them). Every integration test
 # is in one binary, `--test it`, named `MODULE::...`; libtest runs a test that matches any one of its filters, so

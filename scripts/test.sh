@@ -32,18 +32,26 @@ python3 scripts/check-links.py
 cargo build --release --quiet
 # clippy with -D warnings also fails the run on any rustc warning.
 cargo clippy --quiet --workspace --all-targets -- -D warnings
-# Integration tests start real torch workers; two at a time keeps a 2-core machine honest. The partition
-# scenarios measure seconds and run one at a time: in the full run they come last, with the machine to themselves,
-# as when they were a test binary of their own (all integration tests are one binary now, `--test it`). A run
-# given arguments runs what they select together.
+# Integration tests start real torch workers; two at a time keeps a 2-core machine honest. In the full run each
+# module of tests/it runs on its own, as when each was a test binary: a test that times a failover then shares
+# the machine only with tests of its own kind, never with another module's torch jobs. The partition scenarios
+# measure seconds and run one at a time. A run given arguments runs what they select together.
+threads="${MUSTER_TEST_THREADS:-2}"
 if [ $# -eq 0 ]; then
-    cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" --skip partition::
-    cargo test --quiet --test it -- --test-threads=1 partition::
+    cargo test --quiet --workspace --exclude muster -- --test-threads="$threads"
+    cargo test --quiet -p muster --lib --bins -- --test-threads="$threads"
+    cargo test --quiet -p muster --doc
+    filter="" skip=()
+    for module in $(it_modules); do
+        it_tests "$module"
+        echo "tests/it/$module.rs" >&2
+        cargo test --quiet --test it -- --test-threads="$([ "$module" = partition ] && echo 1 || echo "$threads")" "${tests[@]}"
+    done
 else
-    cargo test --quiet --workspace -- --test-threads="${MUSTER_TEST_THREADS:-2}" "$@"
+    cargo test --quiet --workspace -- --test-threads="$threads" "$@"
 fi
 # The same store and rendezvous suites against etcd 3.5 (the run above used 3.4): both supported majors.
-MUSTER_ETCD="$MUSTER_ETCD_35" cargo test --quiet --lib -- --test-threads="${MUSTER_TEST_THREADS:-2}" etcd
+MUSTER_ETCD="$MUSTER_ETCD_35" cargo test --quiet --lib -- --test-threads="$threads" etcd
 # The wheel, the .deb and the Kubernetes manifests, from the release build above.
 scripts/package-test.sh
 # Chaos, bounded (a few minutes on 2 cores): workers, agents, the store and fake GPUs broken on purpose.
