@@ -51,6 +51,7 @@ fn exclude(state: &mut State, phase: Phase, fault: &Fault) -> Phase {
     if state.spent_by_last_stop && !matches!(phase, Phase::Running | Phase::Stopping(_)) {
         state.restart_count = state.restart_count.saturating_sub(1);
         state.spent_by_last_stop = false;
+        state.unrecorded = None;
     }
     match phase {
         Phase::Running => Phase::Stopping(Cause::Exclude(fault.clone())),

@@ -11,6 +11,7 @@ use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
 use crate::gpu::health::Fault;
+use crate::observe::record::StopKind;
 use crate::rendezvous::{Published, RdzvError, Rendezvous, RoundInfo};
 use crate::store::tcp::Server;
 use crate::store::RdzvStore;
@@ -73,7 +74,7 @@ impl Work {
             }
             Op::Watch => self.watch().await,
             Op::Stop(sig, grace) => self.stop(sig, grace).await,
-            Op::Reform { open } => self.reform(open).await,
+            Op::Reform { open, record } => self.reform(open, record).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier } => self.finish(barrier).await,
             Op::None => std::future::pending().await,
@@ -168,11 +169,18 @@ impl Work {
             None => Vec::new(),
         };
         self.group = None;
-        self.stacks.set(Vec::new());
+        self.stacks.set(Vec::new(), None);
         Input::Stopped(failures)
     }
 
-    async fn reform(&mut self, open: bool) -> Input {
+    /// Records the restart just spent in the job's count (`--job-max-restarts`; over it, the job is closed
+    /// and this ends the agent), then opens the next round or follows it.
+    async fn reform(&mut self, open: bool, record: Option<StopKind>) -> Input {
+        if let Some(kind) = record {
+            if let Err(e) = self.rendezvous.spend_restart(kind.restart_label()).await {
+                return Input::Failed(e.into());
+            }
+        }
         if open {
             if let Err(e) = self.rendezvous.open_next_round().await {
                 return Input::Failed(e.into());

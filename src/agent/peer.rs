@@ -2,12 +2,12 @@
 //! restart (torchrun's accounting: a membership change is nobody's failure).
 //!
 //! Whoever saw the change opens the next round (`Reforming { open: true }`); a node that only saw the round
-//! counter move follows it. A job closed elsewhere (finished or failed for good on another node) ends this
-//! node with that error.
+//! counter move follows it. A job closed elsewhere (finished or failed for good on another node, or over its
+//! restart budget) ends this node with that error.
 
 use super::state::{unexpected, Cause, End, Job, Phase};
 use super::AgentError;
-use crate::rendezvous::{RdzvError, RdzvEvent};
+use crate::rendezvous::RdzvEvent;
 
 /// A membership event while the workers run (the only phase that watches membership; joining watches it
 /// itself and reports `JoinChanged`).
@@ -30,9 +30,7 @@ pub fn on_join_changed(job: &Job, phase: Phase, event: RdzvEvent) -> Phase {
 /// Where a membership change leads once no worker runs.
 pub fn after_change(job: &Job, event: &RdzvEvent) -> Phase {
     match event {
-        RdzvEvent::Closed => {
-            Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::Closed(job.run_id.clone()))))
-        }
+        RdzvEvent::Closed(closure) => Phase::Done(End::Error(AgentError::Rendezvous(closure.clone().error(&job.run_id)))),
         RdzvEvent::RoundChanged => Phase::Reforming { open: false },
         // Cut off: the round is over for this node whatever the others did. Opening the next one is a no-op
         // when they already re-formed without it (the round counter moved), and tells them at once when the

@@ -160,6 +160,7 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         },
         node_rank: cfg.pref_rank,
         strict_rank: static_rdzv,
+        restart_budget: cfg.restart_budget.clone(),
     }
 }
 
@@ -177,5 +178,6 @@ fn fingerprint(cfg: &LaunchConfig) -> Fingerprint {
         args: cfg.entrypoint.script_args.clone(),
         nproc_spec: cfg.nproc_spec.clone(),
         nnodes: format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
+        restart_budget: cfg.restart_budget.as_ref().map(|b| b.spec()).unwrap_or_default(),
     }
 }

@@ -184,7 +184,7 @@ impl Work {
             Ok(group) => {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
                 let targets = group.targets();
-                self.stacks.set(targets.clone());
+                self.stacks.set(targets.clone(), attempt.progress().map(|hooks| hooks.progress.clone()));
                 self.attempt_dir = attempt.dir().map(|d| d.to_path_buf());
                 if let (Some(monitor), Some(hooks)) = (self.hang.as_mut(), attempt.progress()) {
                     monitor.arm(crate::hang::Armed {

@@ -223,7 +223,8 @@ pub enum Op {
     Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
     Watch,
     Stop(Signal, Grace),
-    Reform { open: bool },
+    /// `record`: a restart of this kind to add to the job's count first.
+    Reform { open: bool, record: Option<StopKind> },
     Drain(Box<Fault>),
     Finish { barrier: bool },
     None,
@@ -305,6 +306,9 @@ pub struct State {
     /// The last stop spent a restart and no worker has started since: a GPU fault arriving now is the
     /// cause of that stop (the worker died a moment before its GPU's event), so excluding the GPU refunds it.
     pub spent_by_last_stop: bool,
+    /// A restart the last stop spent, of this kind, not yet in the job's count (`--job-max-restarts`): the
+    /// re-formation records it first, and ends the job if that takes it over its budget.
+    pub unrecorded: Option<StopKind>,
 }
 
 impl State {
@@ -316,6 +320,7 @@ impl State {
             excluded: BTreeSet::new(),
             in_use: None,
             spent_by_last_stop: false,
+            unrecorded: None,
         }
     }
 
@@ -369,7 +374,7 @@ impl State {
                 Op::Stop(Signal::SIGTERM, Grace::Membership)
             }
             Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
-            Phase::Reforming { open } => Op::Reform { open: *open },
+            Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
             Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded) },
             Phase::Done(_) => Op::None,

@@ -63,7 +63,10 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
         (Phase::Running, Input::WorkerFailed { failure, change }) => super::worker::on_worker_failed(failure, change),
-        (Phase::Reforming { .. }, Input::Reformed) => Phase::Joining,
+        (Phase::Reforming { .. }, Input::Reformed) => {
+            state.unrecorded = None;
+            Phase::Joining
+        }
         (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),
         (Phase::Finishing(end), Input::Finished) => Phase::Done(end),
         (phase, input) => unexpected(phase, input.name()),

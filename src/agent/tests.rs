@@ -10,7 +10,7 @@ use super::AgentError;
 use crate::gpu::health::Fault;
 use crate::gpu::xid::{Action, FaultKind};
 use crate::gpu::GpuInfo;
-use crate::rendezvous::RdzvEvent;
+use crate::rendezvous::{Closure, RdzvError, RdzvEvent};
 use crate::supervisor::failure::ProcessFailure;
 
 fn job() -> Job {
@@ -347,8 +347,13 @@ fn a_round_changed_elsewhere_is_followed_not_opened() {
     run(&mut state, vec![Input::Membership(RdzvEvent::RoundChanged), Input::Stopped(vec![])]);
     assert!(matches!(state.phase, Phase::Reforming { open: false }));
     state.phase = Phase::Joining;
-    run(&mut state, vec![Input::JoinChanged(RdzvEvent::Closed)]);
-    assert!(matches!(state.phase, Phase::Done(End::Error(_))));
+    run(&mut state, vec![Input::JoinChanged(RdzvEvent::Closed(Closure::Finished))]);
+    assert!(matches!(state.phase, Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::Closed(_))))));
+    // A job over its restart budget ends every node with the budget's line.
+    state.phase = Phase::Running;
+    let over = RdzvEvent::Closed(Closure::OverBudget("the job restarted 3 times".into()));
+    run(&mut state, vec![Input::Membership(over), Input::Stopped(vec![])]);
+    assert!(matches!(&state.phase, Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::RestartBudget(l)))) if l.contains("3 times")));
 }
 
 #[test]

@@ -41,6 +41,7 @@ pub fn on_stopped(state: &mut State, phase: Phase, later: Vec<ProcessFailure>) -
             if state.restart_count < state.job.max_restarts {
                 state.restart_count += 1;
                 state.spent_by_last_stop = true;
+                state.unrecorded = Some(kind);
                 return (Phase::Reforming { open: true }, vec![Effect::RestartSpent(kind)]);
             }
             match fault {

@@ -160,6 +160,7 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         store_timeout: Duration::from_secs(60),
         node_rank: None,
         strict_rank: false,
+        restart_budget: None,
     };
     let outcome = runtime.block_on(async {
         let (service, connect, store) = backend::start(&plan, &settings, timeout).await?;

@@ -42,6 +42,7 @@ pub(super) async fn simulate(
         args: Vec::new(),
         nproc_spec: nproc.to_string(),
         nnodes: format!("{nodes}:{nodes}"),
+        restart_budget: String::new(),
     };
 
     // How many nodes got through register(), for the diagnosis when the run times out.

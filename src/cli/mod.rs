@@ -67,7 +67,7 @@ pub enum Given {
     after_help = "Subcommands (reserved words, never taken as a script): muster store, muster plan, muster doctor, \
                   muster status, muster bench.\n\
                   Exit codes: 0 success, 1 workers failed, 2 bad input, 3 rendezvous incomplete (requeue), 4 \
-                  rendezvous closed without this node, 75 node unhealthy (reschedule elsewhere), 128+N stopped by \
+                  rendezvous closed without this node, 5 the job's restart budget spent (do not requeue), 75 node unhealthy (reschedule elsewhere), 128+N stopped by \
                   signal N."
 )]
 #[command(args_override_self = true, disable_help_subcommand = true)]
@@ -104,6 +104,13 @@ pub struct Cli {
     #[arg(long = "max-restarts", alias = "max_restarts", env = "PET_MAX_RESTARTS", default_value = "0",
           value_parser = non_negative_int, allow_hyphen_values = true)]
     pub max_restarts: u32,
+
+    /// muster: restarts allowed to the whole job, over its run or within any WINDOW (`10/1h`; WINDOW in s,
+    /// m, h or d), counted in the rendezvous store across every node, a replaced one too, one per incident.
+    /// Past it every agent ends with exit code 5: the job fails too often to be worth requeueing.
+    /// `--max-restarts` still bounds each node's own restarts.
+    #[arg(long = "job-max-restarts", env = "MUSTER_JOB_MAX_RESTARTS", value_name = "N[/WINDOW]")]
+    pub job_max_restarts: Option<String>,
 
     /// Accepted for compatibility (must be > 0): muster notices worker exits and peer changes as they happen.
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL",

@@ -67,6 +67,8 @@ pub struct LaunchConfig {
     /// What this launch took from the scheduler's environment (`context`), for the banner.
     pub context: Option<crate::context::Filled>,
     pub max_restarts: u32,
+    /// `--job-max-restarts`: the job-wide restart budget, counted in the rendezvous store.
+    pub restart_budget: Option<crate::rendezvous::RestartBudget>,
     pub role: String,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
@@ -205,6 +207,11 @@ impl LaunchConfig {
             pref_rank: (asks_rank || rank_from_context).then_some(cli.node_rank),
             context,
             max_restarts: cli.max_restarts,
+            restart_budget: cli
+                .job_max_restarts
+                .as_deref()
+                .map(|s| s.parse().map_err(|e| bad(format!("invalid value '{s}' for '--job-max-restarts': {e}"))))
+                .transpose()?,
             role: cli.role.clone(),
             entrypoint,
             logs,

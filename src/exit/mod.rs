@@ -17,6 +17,8 @@ pub const USAGE: u8 = 2;
 pub const RDZV_INCOMPLETE: u8 = 3;
 /// The rendezvous was closed (the job ended or was closed without this node): do not requeue.
 pub const RDZV_CLOSED: u8 = 4;
+/// The job's restart budget (`--job-max-restarts`) is spent: it fails too often, do not requeue it.
+pub const RESTART_BUDGET_SPENT: u8 = 5;
 /// This node drained itself for a GPU fault: reschedule on another node. sysexits' EX_TEMPFAIL.
 pub const NODE_UNHEALTHY: u8 = 75;
 

@@ -1,6 +1,6 @@
 //! Which ending of the agent gets which exit code, as one table.
 
-use super::{signal, FAILED, NODE_UNHEALTHY, RDZV_CLOSED, RDZV_INCOMPLETE, SUCCESS, USAGE};
+use super::{signal, FAILED, NODE_UNHEALTHY, RDZV_CLOSED, RDZV_INCOMPLETE, RESTART_BUDGET_SPENT, SUCCESS, USAGE};
 use crate::agent::{AgentError, Outcome};
 use crate::rendezvous::RdzvError;
 use crate::store::StoreError;
@@ -36,6 +36,7 @@ fn of_rendezvous(e: &RdzvError) -> u8 {
         RdzvError::Store(e) => of_store(e),
         RdzvError::Timeout { .. } | RdzvError::StoreLost => RDZV_INCOMPLETE,
         RdzvError::Closed(_) => RDZV_CLOSED,
+        RdzvError::RestartBudget(_) => RESTART_BUDGET_SPENT,
         // The same on every retry: the nodes were started with different settings.
         RdzvError::Mismatch(_) | RdzvError::State(_) => FAILED,
     }
@@ -97,6 +98,7 @@ mod tests {
             ("unreachable at set-up", store(StoreError::Connect { addr: addr(), timeout: Duration::from_secs(1), last: "refused".into() }), 3),
             ("no such host", Err(AgentError::Resolve("n1:29500".into(), io())), 3),
             ("closed", rdzv(RdzvError::Closed("j".into())), 4),
+            ("job restart budget spent", rdzv(RdzvError::RestartBudget("the job restarted 3 times".into())), 5),
             ("not a store", store(StoreError::NotAStore { addr: addr(), answer: "HTTP" }), 2),
             ("wrong token", rdzv(RdzvError::Store(StoreError::WrongToken { addr: addr() })), 2),
             ("mismatch", rdzv(RdzvError::Mismatch("--nnodes".into())), 1),

@@ -189,6 +189,7 @@ mod tests {
             store_timeout: Duration::from_secs(60),
             node_rank: None,
             strict_rank: false,
+            restart_budget: None,
         }
     }
 

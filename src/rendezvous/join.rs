@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::wire::{Record, RoundInfo, Seal};
+use super::wire::{Closure, Record, RoundInfo, Seal};
 use super::retry::Retry;
 use super::{NodeInfo, RdzvError, Rendezvous, Settings};
 use crate::store::Store;
@@ -112,8 +112,8 @@ impl<S: Store> Rendezvous<S> {
         if reconnected {
             self.publish_fingerprint().await?;
         }
-        if self.closed().await? {
-            return Err(RdzvError::Closed(self.settings.run_id.clone()));
+        if let Some(closure) = self.closure().await? {
+            return Err(closure.error(&self.settings.run_id));
         }
         let (raw, round, expected) = self.read_round().await?;
         let slot = match *taken {
@@ -295,7 +295,8 @@ impl<S: Store> Rendezvous<S> {
                     return Ok(());
                 },
                 ended = self.store.wait(&closed, SPARE_WAIT) => if ended? {
-                    return Err(RdzvError::Closed(self.settings.run_id.clone()));
+                    let closure = self.closure().await?.unwrap_or(Closure::Finished);
+                    return Err(closure.error(&self.settings.run_id));
                 },
             }
         }

@@ -78,8 +78,8 @@ impl<S: Store> Rendezvous<S> {
         if self.read_round().await?.1 > info.round {
             self.pending = Some(RdzvEvent::RoundChanged);
         }
-        if self.closed().await? {
-            self.pending = Some(RdzvEvent::Closed);
+        if let Some(closure) = self.closure().await? {
+            self.pending = Some(RdzvEvent::Closed(closure));
         }
         Ok(())
     }
@@ -178,7 +178,7 @@ impl<S: Store> Rendezvous<S> {
                 let (_, round, _) = self.read_round().await?;
                 Ok((round > current.round).then_some(RdzvEvent::RoundChanged))
             }
-            (WatchEventKind::Written, None) if rest == "closed" => Ok(Some(RdzvEvent::Closed)),
+            (WatchEventKind::Written, None) if rest == "closed" => Ok(self.closure().await?.map(RdzvEvent::Closed)),
             _ => Ok(None),
         }
     }

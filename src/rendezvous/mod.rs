@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::store::{Store, StoreError, WatchEvent};
 
 pub mod board;
+mod budget;
 #[cfg(test)]
 mod fuzz;
 mod fence;
@@ -46,10 +47,11 @@ mod tests;
 mod view;
 mod wire;
 
+pub use budget::RestartBudget;
 pub use fence::Timing;
 pub use liveness::unix_ms;
-pub use view::{read_view, JobView, NodeView};
-pub use wire::{Fingerprint, Heartbeat, RoundInfo};
+pub use view::{read_view, JobRestarts, JobView, NodeView};
+pub use wire::{Closure, Fingerprint, Heartbeat, RoundInfo};
 use retry::Retry;
 use wire::parse_round;
 
@@ -70,6 +72,9 @@ pub enum RdzvError {
     Timeout { run_id: String, timeout: Duration, joined: i64, min: u32 },
     #[error("rendezvous '{0}' is closed: the job has finished or failed on another node")]
     Closed(String),
+    /// The job-wide restart budget is spent (this line is the same on every agent).
+    #[error("{0}")]
+    RestartBudget(String),
     #[error("this node does not match the running job: {0}")]
     Mismatch(String),
     #[error("invalid rendezvous state: {0}")]
@@ -99,6 +104,8 @@ pub struct Settings {
     /// A scheduler-given rank: honoured among newcomers; with `strict_rank` it *is* the group rank (static).
     pub node_rank: Option<u32>,
     pub strict_rank: bool,
+    /// `--job-max-restarts`: the job's restarts, counted in the store (`budget.rs`).
+    pub restart_budget: Option<RestartBudget>,
 }
 
 /// This agent, as the others see it.
@@ -119,8 +126,8 @@ pub enum RdzvEvent {
     JoinersWaiting,
     /// Another member opened the next round (a failure or a change elsewhere).
     RoundChanged,
-    /// The job was closed by another member (finished or failed for good).
-    Closed,
+    /// The job was closed by another member (finished or failed for good), and why.
+    Closed(Closure),
     /// This node is cut off from the store (nothing acknowledged for `silent`, no network path): the
     /// others are about to evict it, so its workers must stop first (`fence.rs`).
     Fenced { silent: Duration },
@@ -286,8 +293,14 @@ impl<S: Store> Rendezvous<S> {
         self.restarts = restarts;
     }
 
-    async fn closed(&self) -> Result<bool, RdzvError> {
-        Ok(self.store.get(&self.key("closed")).await?.is_some())
+    /// Whether the job is closed, and why.
+    async fn closure(&self) -> Result<Option<Closure>, RdzvError> {
+        Ok(self.store.get(&self.key("closed")).await?.map(|v| Closure::decode(&v)))
+    }
+
+    /// Ends the job for every agent with `line`: its restart budget is spent.
+    async fn close_for(&self, line: &str) -> Result<(), RdzvError> {
+        Ok(self.store.set(&self.key("closed"), &Closure::OverBudget(line.to_string()).encode()).await?)
     }
 
     /// The round counter: its raw value (for compare-and-set), the round, and how many nodes it expects.
@@ -354,6 +367,6 @@ impl<S: Store> Rendezvous<S> {
 
     /// Marks the job closed: nodes still joining or waiting give up.
     pub async fn close(&self) -> Result<(), RdzvError> {
-        Ok(self.store.set(&self.key("closed"), b"1").await?)
+        Ok(self.store.set(&self.key("closed"), &Closure::Finished.encode()).await?)
     }
 }

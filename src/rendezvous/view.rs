@@ -3,12 +3,16 @@
 //!
 //! What it reads: the fingerprint (whether the run exists), the round counter and `closed`, the latest
 //! sealed round's seal and records, the open round's records (while it is not sealed), the liveness keys,
-//! the waiting list and every node's heartbeat. O(nodes) bytes, a handful of requests.
+//! the waiting list, every node's heartbeat and the job's restart records. O(nodes + restarts) bytes, a
+//! handful of requests.
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::wire::{parse_round, Fingerprint, Heartbeat, Record, Seal};
-use super::{RdzvError, KEY_PREFIX};
+use serde::Serialize;
+
+use super::budget::{tally, RestartBudget, RESTARTS};
+use super::wire::{parse_round, Closure, Fingerprint, Heartbeat, Record, Seal};
+use super::{unix_ms, RdzvError, KEY_PREFIX};
 use crate::store::Store;
 
 /// What the store says about one job.
@@ -30,6 +34,22 @@ pub struct JobView {
     pub others: Vec<NodeView>,
     /// The last hang verdict (its line), when hang detection found one.
     pub last_hang: Option<String>,
+    pub restarts: JobRestarts,
+}
+
+/// The job's restarts, counted over every node (`budget.rs`), and its budget.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct JobRestarts {
+    /// Restarts of the job recorded (those aged out of a window are deleted).
+    pub total: u32,
+    /// Those that count against the budget now (all of them without a window).
+    pub in_window: u32,
+    /// `--job-max-restarts` as written; None: no job-wide budget.
+    pub budget: Option<String>,
+    /// Restarts the budget still allows now.
+    pub left: Option<u32>,
+    /// The line the job ended with, when its budget was spent.
+    pub over_budget: Option<String>,
 }
 
 /// One node as the store knows it.
@@ -50,6 +70,27 @@ pub struct NodeView {
     pub heartbeat: Option<Heartbeat>,
 }
 
+/// The restart records under `prefix`, counted against the budget the job's fingerprint names.
+async fn job_restarts<S: Store>(store: &S, prefix: &str, fingerprint: &Fingerprint, closure: Option<&Closure>) -> Result<JobRestarts, RdzvError> {
+    let budget = match fingerprint.restart_budget.as_str() {
+        "" => None,
+        spec => Some(spec.parse::<RestartBudget>().map_err(|e| RdzvError::State(format!("the job fingerprint's restart budget '{spec}': {e}")))?),
+    };
+    let now = unix_ms().ok_or_else(|| RdzvError::State("this host's clock is before 1970".into()))?;
+    let counted = tally(&store.list(prefix).await?, now, budget.as_ref().and_then(|b| b.window));
+    let over_budget = match closure {
+        Some(Closure::OverBudget(line)) => Some(line.clone()),
+        _ => None,
+    };
+    Ok(JobRestarts {
+        total: counted.total,
+        in_window: counted.in_window,
+        left: budget.as_ref().map(|b| b.max.saturating_sub(counted.in_window)),
+        budget: budget.map(|b| b.spec()),
+        over_budget,
+    })
+}
+
 /// Reads job `run_id`; None when the store has no such job (no fingerprint: no agent ever registered).
 pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobView>, RdzvError> {
     let prefix = format!("{KEY_PREFIX}{run_id}/");
@@ -58,7 +99,8 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
     let fingerprint: Fingerprint = serde_json::from_slice(&fingerprint)
         .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;
     let (round, expected) = parse_round(&store.get(&key("round")).await?.unwrap_or_default());
-    let closed = store.get(&key("closed")).await?.is_some();
+    let closure = store.get(&key("closed")).await?.map(|v| Closure::decode(&v));
+    let restarts = job_restarts(store, &key(RESTARTS), &fingerprint, closure.as_ref()).await?;
     let mut sealed = None;
     for r in [Some(round), round.checked_sub(1)].into_iter().flatten() {
         if let Some(seal) = store.get(&key(&format!("r/{r}/sealed"))).await? {
@@ -109,11 +151,12 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
         fingerprint,
         round,
         expected,
-        closed,
+        closed: closure.is_some(),
         sealed_round: sealed.map(|(r, _)| r),
         members,
         others,
         last_hang: last_hang(store.get(&key(super::board::LAST_KEY)).await?),
+        restarts,
     };
     read_heartbeats(store, &prefix, &mut view).await?;
     Ok(Some(view))
@@ -174,7 +217,7 @@ mod tests {
 
     async fn agent(store: &MemoryStore, id: &str, restarts: u32) -> Rendezvous<MemoryHandle> {
         let s = settings(1, 3);
-        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "1:3".into() };
+        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "1:3".into(), restart_budget: String::new() };
         let me = NodeInfo { id: id.into(), addr: format!("10.0.0.{}", id.len()), nproc: 2 };
         let mut r = Rendezvous::new(store.handle(), s, me, fingerprint);
         r.set_restarts(restarts);

@@ -14,6 +14,10 @@ pub struct Fingerprint {
     pub nproc_spec: String,
     /// `--nnodes` as the config resolved it, `MIN:MAX`.
     pub nnodes: String,
+    /// `--job-max-restarts` as written (`10/1h`; empty: none): every node must count against the same
+    /// budget, and `muster status` reads it here. Absent from agents before it.
+    #[serde(default)]
+    pub restart_budget: String,
 }
 
 impl Fingerprint {
@@ -31,7 +35,46 @@ impl Fingerprint {
         if self.nproc_spec != job.nproc_spec {
             d.push(format!("--nproc-per-node {} (the job uses {})", self.nproc_spec, job.nproc_spec));
         }
+        if self.restart_budget != job.restart_budget {
+            let shown = |b: &str| if b.is_empty() { "none".to_string() } else { b.to_string() };
+            d.push(format!("--job-max-restarts {} (the job uses {})", shown(&self.restart_budget), shown(&job.restart_budget)));
+        }
         d
+    }
+}
+
+/// Why the job is closed (`closed`): it ended (finished, or failed on a node out of restarts), or its
+/// restart budget is spent, with the line every agent ends with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closure {
+    Finished,
+    OverBudget(String),
+}
+
+const OVER_BUDGET: &str = "over budget: ";
+
+impl Closure {
+    pub(super) fn encode(&self) -> Vec<u8> {
+        match self {
+            Closure::Finished => b"1".to_vec(),
+            Closure::OverBudget(line) => format!("{OVER_BUDGET}{line}").into_bytes(),
+        }
+    }
+
+    /// Any other value is a close as agents before the budget wrote it (`1`).
+    pub(super) fn decode(v: &[u8]) -> Closure {
+        match std::str::from_utf8(v).ok().and_then(|t| t.strip_prefix(OVER_BUDGET)) {
+            Some(line) => Closure::OverBudget(line.to_string()),
+            None => Closure::Finished,
+        }
+    }
+
+    /// What a node that finds the job closed ends with.
+    pub fn error(self, run_id: &str) -> RdzvError {
+        match self {
+            Closure::Finished => RdzvError::Closed(run_id.to_string()),
+            Closure::OverBudget(line) => RdzvError::RestartBudget(line),
+        }
     }
 }
 

@@ -324,7 +324,7 @@ mod tests {
     async fn an_etcd_job_is_read_without_a_write_or_a_lease() {
         let etcd = TestEtcd::start();
         let agent = etcd.store("/jobs/").await;
-        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "1".into(), nnodes: "1:2".into() };
+        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "1".into(), nnodes: "1:2".into(), restart_budget: String::new() };
         agent.set(&format!("{KEY_PREFIX}j/fingerprint"), &serde_json::to_vec(&fingerprint).unwrap()).await.unwrap();
         agent.set_session(&format!("{KEY_PREFIX}j/alive/n1"), b"1").await.unwrap();
         let before = etcd_state(&etcd.endpoint).await;

@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::rendezvous::{JobView, NodeView};
+use crate::rendezvous::{JobRestarts, JobView, NodeView};
 
 /// A heartbeat this many periods old has missed at least one beat.
 const STALE_PERIODS: u64 = 2;
@@ -26,6 +26,8 @@ pub struct Snapshot {
     pub nodes: Vec<Row>,
     /// The last hang verdict, when hang detection found one.
     pub last_hang: Option<String>,
+    /// The job's restarts over every node, and its budget.
+    pub restarts: JobRestarts,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -98,6 +100,20 @@ impl JobPhase {
     }
 }
 
+/// The job's restarts against its budget, one line.
+fn restarts_line(r: &JobRestarts) -> String {
+    if let Some(line) = &r.over_budget {
+        return format!("ended: {line}\n");
+    }
+    match (&r.budget, r.left) {
+        (Some(spec), Some(left)) => format!(
+            "job restarts: {} in all, {} counting against --job-max-restarts {spec}: {left} left\n",
+            r.total, r.in_window
+        ),
+        _ => format!("job restarts: {} in all (no --job-max-restarts)\n", r.total),
+    }
+}
+
 /// A node's state: `member` of the sealed round, `age_ms` of its heartbeat against `interval_ms`.
 pub fn node_state(node: &NodeView, member: bool, age_ms: Option<u64>) -> NodeState {
     let stale = match (age_ms, node.heartbeat.as_ref().and_then(|h| h.interval_ms)) {
@@ -156,6 +172,7 @@ impl Snapshot {
             world_size: view.members.iter().filter_map(|m| m.nproc).sum(),
             nodes,
             last_hang: view.last_hang.clone(),
+            restarts: view.restarts.clone(),
         }
     }
 
@@ -179,6 +196,7 @@ impl Snapshot {
         if let Some(line) = &self.last_hang {
             out.push_str(&format!("last {line}\n"));
         }
+        out.push_str(&restarts_line(&self.restarts));
         let dash = || "-".to_string();
         let opt = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
         let ago = |ms: Option<u64>| ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
@@ -238,7 +256,7 @@ mod tests {
     fn job(members: Vec<NodeView>, others: Vec<NodeView>, round: u64, sealed: Option<u64>) -> JobView {
         JobView {
             run_id: "job1".into(),
-            fingerprint: Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:3".into() },
+            fingerprint: Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:3".into(), restart_budget: String::new() },
             round,
             expected: None,
             closed: false,
@@ -246,6 +264,7 @@ mod tests {
             members,
             others,
             last_hang: None,
+            restarts: JobRestarts::default(),
         }
     }
 
@@ -260,9 +279,10 @@ mod tests {
         let table = Snapshot::from_view(&view, "h:1", 10_000).table();
         let lines: Vec<&str> = table.lines().collect();
         assert_eq!(lines[1], "last hang: rank 3 (node b) made no progress since 12:00:00");
-        assert_eq!(lines[2], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT  PROGRESS");
-        assert_eq!(lines[3], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago   3.0s ago");
-        assert_eq!(lines[4], "1           b_2_0  10.0.0.1  2      running  1         1.0s ago   -");
+        assert_eq!(lines[2], "job restarts: 0 in all (no --job-max-restarts)");
+        assert_eq!(lines[3], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT  PROGRESS");
+        assert_eq!(lines[4], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago   3.0s ago");
+        assert_eq!(lines[5], "1           b_2_0  10.0.0.1  2      running  1         1.0s ago   -");
     }
 
     #[test]
@@ -302,10 +322,14 @@ mod tests {
             "job job1 at 127.0.0.1:29400: round 2, running, 2 member(s), world size 4, 1 spare(s) waiting; \
              train.py --nnodes 2:3"
         );
-        assert_eq!(lines[1], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT");
-        assert_eq!(lines[2], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago");
-        assert_eq!(lines[3], "1           b_2_0  10.0.0.1  2      running  1         -");
-        assert_eq!(lines[4], "-           c_3_0  10.0.0.1  2      spare    1         0.5s ago");
+        assert_eq!(lines[1], "job restarts: 0 in all (no --job-max-restarts)");
+        assert_eq!(lines[2], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT");
+        assert_eq!(lines[3], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago");
+        assert_eq!(lines[4], "1           b_2_0  10.0.0.1  2      running  1         -");
+        assert_eq!(lines[5], "-           c_3_0  10.0.0.1  2      spare    1         0.5s ago");
+        let budget = JobRestarts { total: 3, in_window: 2, budget: Some("10/1h".into()), left: Some(8), over_budget: None };
+        let with = Snapshot::from_view(&JobView { restarts: budget, ..view.clone() }, "h:1", 10_000).table();
+        assert!(with.contains("job restarts: 3 in all, 2 counting against --job-max-restarts 10/1h: 8 left"), "{with}");
         let json: serde_json::Value = serde_json::from_str(&s.json().expect("json")).expect("valid JSON");
         assert_eq!(json["phase"], "running");
         assert_eq!(json["round"], 2);

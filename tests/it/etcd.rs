@@ -60,11 +60,6 @@ fn world_of(job: &Job, world: u32, count: usize, agents: &[&Agent]) -> Vec<Start
     wait_world(job.path(), world, count)
 }
 
-fn kill9(agent: &Agent) {
-    // SAFETY: plain kill(2) of a process this test started.
-    unsafe { libc::kill(agent.guard.pid(), libc::SIGKILL) };
-}
-
 /// What the agent said beyond its INFO lines.
 fn said(log: &str) -> Vec<&str> {
     log.lines().filter(|l| !l.trim().is_empty() && !l.contains(" INFO ")).collect()
@@ -127,7 +122,7 @@ fn the_first_agent_killed_the_others_reform_and_a_fourth_scales_the_group_up() {
     let host = three.iter().find(|s| s.group_rank == 0).map(|s| s.node.clone()).expect("a group rank 0");
     let index = ["a", "b", "c"].iter().position(|n| *n == host).expect("a known node");
     let victims: Vec<i32> = three.iter().filter(|s| s.node == host).map(|s| s.pid).collect();
-    kill9(&others.remove(index));
+    others.remove(index).kill9();
     let two = wait_world(job.path(), 4, 4);
     assert!(two.iter().all(|s| s.node != host && s.restart_count == 0), "{two:?}");
     assert!(victims.iter().all(|p| !alive(*p)), "the killed agent's workers outlived it");
@@ -156,7 +151,7 @@ fn an_etcd_outage_leaves_training_running_and_a_peer_lost_meanwhile_is_handled_a
     // The outage itself: a length of time is the scenario, not a wait for an event.
     std::thread::sleep(Duration::from_secs(10));
     let victim = agents.remove(2);
-    kill9(&victim);
+    victim.kill9();
     std::thread::sleep(Duration::from_secs(10));
     let survivors: Vec<i32> = world.iter().filter(|s| s.node != "c").map(|s| s.pid).collect();
     let logs = || agents.iter().map(|a| a.log()).collect::<Vec<_>>().join("\n---\n");

@@ -8,6 +8,7 @@ mod common;
 
 mod attacks;
 mod bounds;
+mod budget;
 mod cli;
 mod console;
 mod contexts;
@@ -17,6 +18,7 @@ mod escape;
 mod etcd;
 mod etcd_harness;
 mod events;
+mod goodput;
 mod gpu;
 mod hang;
 mod incidents;

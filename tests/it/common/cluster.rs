@@ -124,6 +124,12 @@ impl Agent {
         port.unwrap_or_else(|| panic!("the host agent did not report its store: {}", self.log()))
     }
 
+    /// SIGKILLs the agent (as a host that vanishes, or the OOM killer).
+    pub fn kill9(&self) {
+        // SAFETY: plain kill(2) of a process this test started.
+        unsafe { libc::kill(self.guard.pid(), libc::SIGKILL) };
+    }
+
     pub fn exit_code(&mut self, timeout: Duration) -> Option<i32> {
         let status = self.guard.wait_timeout(timeout).unwrap_or_else(|| panic!("agent still running: {}", self.log()));
         // The agent's last lines may still be in the pipe; a worker left alive may hold it open, so the
