@@ -42,6 +42,10 @@ def parse_args():
     p.add_argument("--result", default=None, help="rank 0 writes a JSON summary here")
     p.add_argument("--step-sleep", type=float, default=0.0,
                    help="seconds each step sleeps (a harness paces the job; scripts/chaos.sh)")
+    p.add_argument("--step-log", default=None,
+                   help="a harness's record: every rank appends 'start <unix time> <rank> <pid> <restart count> "
+                        "<world size>' when it starts, rank 0 'step <unix time> <step>' after each step "
+                        "(scripts/bench/goodput.sh)")
     p.add_argument("--hold-file", default=None,
                    help="before the last step, wait while this file exists (a harness keeps the job alive "
                         "until it is done with it; scripts/chaos.sh)")
@@ -64,12 +68,20 @@ def save_checkpoint(path, model, optimizer, step):
     os.replace(tmp, path)
 
 
+def log_line(path, line):
+    """One line appended at once (O_APPEND), so the ranks' lines never interleave."""
+    if path:
+        with open(path, "a") as f:
+            f.write(line + "\n")
+
+
 @record
 def main():
     args = parse_args()
     dist.init_process_group("gloo")  # env://: MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE from the launcher
     rank, world = dist.get_rank(), dist.get_world_size()
     restart_count = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    log_line(args.step_log, f"start {time.time():.6f} {rank} {os.getpid()} {restart_count} {world}")
 
     ckpt_dir = args.ckpt_dir or os.path.join(
         tempfile.gettempdir(), f"muster-train-{os.environ.get('TORCHELASTIC_RUN_ID', 'none')}")
@@ -115,6 +127,8 @@ def main():
         done = step + 1
         if rank == 0 and done % args.ckpt_every == 0:
             save_checkpoint(ckpt_path, model.module, optimizer, done)
+        if rank == 0:
+            log_line(args.step_log, f"step {time.time():.6f} {done}")
         if rank == 0 and (done == 1 or done % 10 == 0):
             print(f"step {done}: loss={loss.item():.4f}", flush=True)
 

@@ -46,17 +46,27 @@ const WATCH_RETRY: Duration = Duration::from_secs(1);
 /// Frames of the main thread a summary carries.
 const SUMMARY_FRAMES: usize = 3;
 
-/// The workers whose stacks can be read now (the driver keeps it current; `GET /stacks` reads it).
+/// The running workers: whose stacks can be read now (`GET /stacks`) and, with hang detection on, their
+/// progress (the goodput's warm-up). The driver keeps it current.
 #[derive(Debug, Default)]
 pub struct Registry {
     targets: Mutex<Vec<Target>>,
+    progress: Mutex<Option<Arc<Progress>>>,
 }
 
 impl Registry {
-    pub fn set(&self, targets: Vec<Target>) {
+    pub fn set(&self, targets: Vec<Target>, progress: Option<Arc<Progress>>) {
         if let Ok(mut t) = self.targets.lock() {
             *t = targets;
         }
+        if let Ok(mut p) = self.progress.lock() {
+            *p = progress;
+        }
+    }
+
+    /// The running workers' progress; None: not watched (hang detection off) or no workers.
+    pub fn progress(&self) -> Option<Arc<Progress>> {
+        self.progress.lock().ok().and_then(|p| p.clone())
     }
 
     /// Every local worker's stacks now, as text or JSON.

@@ -19,6 +19,8 @@ pub fn unix_ms(t: SystemTime) -> u64 {
 /// One rank's marks. `last_ms` 0: none yet.
 #[derive(Debug, Default)]
 struct Slot {
+    /// The first mark (ms since the epoch); 0 until one.
+    first_ms: AtomicU64,
     last_ms: AtomicU64,
     marks: AtomicU64,
     /// The mean gap between marks (exponentially weighted), in microseconds; 0 until two marks.
@@ -27,6 +29,7 @@ struct Slot {
 
 impl Slot {
     fn mark(&self, at_ms: u64) {
+        let _ = self.first_ms.compare_exchange(0, at_ms, Ordering::Relaxed, Ordering::Relaxed);
         let prev = self.last_ms.fetch_max(at_ms, Ordering::Relaxed);
         if at_ms <= prev {
             return;
@@ -93,6 +96,11 @@ impl Progress {
                 self.mark(rank as u32, mtime);
             }
         }
+    }
+
+    /// When the first rank showed progress (ms since the epoch); None: none has yet.
+    pub fn first_ms(&self) -> Option<u64> {
+        self.slots.iter().map(|s| s.first_ms.load(Ordering::Relaxed)).filter(|ms| *ms > 0).min()
     }
 
     pub fn snapshot(&self) -> Vec<RankProgress> {

@@ -11,6 +11,8 @@
 //! - `muster_world_size`, `muster_group_world_size`, `muster_group_rank`, `muster_local_workers`;
 //! - `muster_worker_exits_total{exit_code, signal}`; `muster_gpu_faults_total{xid, fault, action, verdict}`;
 //! - `muster_recovery_phase_seconds{phase}` (detect, stop, rendezvous, spawn), `muster_recovery_seconds{cause}`;
+//! - `muster_productive_seconds_total` (the workers training) and `muster_lost_seconds_total{phase}`
+//!   (rendezvous, spawn, warmup, detect, stop, finish): where the agent's wall time went (`goodput.rs`);
 //! - `muster_state{state}`: 1 for the agent's current state, 0 for the others.
 
 use std::borrow::Cow;
@@ -24,8 +26,11 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::{Registry, Unit};
 
+use super::goodput::{Added, LOST};
+
 type Labels = Vec<(&'static str, String)>;
 type Histograms = Family<Labels, Histogram, fn() -> Histogram>;
+type Seconds = Counter<f64, std::sync::atomic::AtomicU64>;
 
 /// Every state the `muster_state` gauge names (the agent's phase names, final ones included).
 pub const STATES: [&str; 11] = [
@@ -76,6 +81,8 @@ pub struct Metrics {
     phases: Histograms,
     recoveries: Histograms,
     state: Family<Labels, Gauge>,
+    productive: Seconds,
+    lost: Family<Labels, Seconds>,
 }
 
 /// How a worker ended, as `muster_worker_exits_total` labels it: its exit code, or minus the signal number.
@@ -112,7 +119,12 @@ impl Metrics {
             phases: Family::new_with_constructor(seconds_histogram),
             recoveries: Family::new_with_constructor(seconds_histogram),
             state: Family::default(),
+            productive: Seconds::default(),
+            lost: Family::default(),
         };
+        for phase in LOST {
+            let _ = m.lost.get_or_create(&label("phase", phase));
+        }
         // Present from the first scrape, so a dashboard's queries and rate() have a zero to start from.
         for kind in ["stalled", "stopped_first", "job_wide"] {
             let _ = m.hangs.get_or_create(&label("kind", kind));
@@ -200,6 +212,14 @@ impl Metrics {
         self.recoveries.get_or_create(&label("cause", cause)).observe(total.as_secs_f64());
     }
 
+    /// Time one transition added to training and to the lost phases.
+    pub fn goodput(&self, added: &Added) {
+        self.productive.inc_by(added.productive.as_secs_f64());
+        for (phase, spent) in LOST.iter().zip(added.lost) {
+            self.lost.get_or_create(&label("phase", *phase)).inc_by(spent.as_secs_f64());
+        }
+    }
+
     /// The OpenMetrics text of every metric, with the node's labels as they are now.
     pub fn render(&self) -> Result<String, std::fmt::Error> {
         let rank = match self.group_rank.load(Ordering::Relaxed) {
@@ -240,6 +260,8 @@ impl Metrics {
             self.recoveries.clone(),
         );
         r.register("muster_state", "1 for the agent's current state", self.state.clone());
+        r.register_with_unit("muster_productive", "Time the workers ran past their warm-up", Unit::Seconds, self.productive.clone());
+        r.register_with_unit("muster_lost", "Time not spent training, by phase", Unit::Seconds, self.lost.clone());
         let mut out = String::new();
         encode(&mut out, &r)?;
         Ok(out)
@@ -289,6 +311,8 @@ mod tests {
             "muster_recovery_phase_seconds_bucket",
             "muster_recovery_seconds_sum",
             "muster_state",
+            "muster_productive_seconds_total",
+            "muster_lost_seconds_total",
         ] {
             assert!(names.contains(name), "{name} missing from:\n{text}");
         }

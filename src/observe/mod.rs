@@ -1,6 +1,7 @@
 //! Observability, fed from one place: the agent's transitions (`agent::transitions::Transitions`) hand every
 //! transition, input and GPU fault to an [`Observer`], which updates the metrics (`metrics.rs`), `/healthz`
-//! (`health.rs`), the recovery phases (`recovery.rs`) and writes the event log (`events.rs`). `http.rs` serves
+//! (`health.rs`), the recovery phases (`recovery.rs`), where the time goes (`goodput.rs`) and writes the
+//! event log (`events.rs`). `http.rs` serves
 //! `/metrics`, `/healthz` and `/stacks`. Events, metric labels and JSON log lines carry the same identifiers: run id,
 //! round, restart count and group rank.
 //!
@@ -8,6 +9,7 @@
 //! [`open`], before anything starts.
 
 pub mod events;
+pub mod goodput;
 pub mod health;
 pub mod http;
 pub mod metrics;
@@ -24,6 +26,7 @@ use crate::config::ObserveConfig;
 use crate::gpu::health::Fault;
 use crate::rendezvous::RdzvEvent;
 use events::EventLog;
+use goodput::{Goodput, Warmup};
 use health::Health;
 use metrics::Metrics;
 use record::{InputRecord, PhaseKind, StateRecord};
@@ -94,6 +97,12 @@ pub struct Observer {
     health: Arc<Health>,
     ids: Ids,
     recovery: recovery::Tracker,
+    goodput: Goodput,
+    /// The running workers, whose first progress ends their warm-up.
+    running: Arc<crate::hang::Registry>,
+    /// When the workers last started running (ms since the epoch, as progress marks are).
+    running_since_ms: Option<u64>,
+    created: Instant,
 }
 
 /// A membership change's `cause` label.
@@ -102,7 +111,7 @@ pub fn membership_cause(event: &RdzvEvent) -> &'static str {
         RdzvEvent::PeerLost(_) => "peer_lost",
         RdzvEvent::JoinersWaiting => "joiners",
         RdzvEvent::RoundChanged => "round_changed",
-        RdzvEvent::Closed => "closed",
+        RdzvEvent::Closed(_) => "closed",
         RdzvEvent::Fenced { .. } => "fenced",
         RdzvEvent::StoreOutage => "store_outage",
         RdzvEvent::HangElsewhere => "hang_elsewhere",
@@ -130,6 +139,10 @@ impl Observer {
             health: sinks.health.clone(),
             ids: Ids { run_id: run_id.to_string(), ..Ids::default() },
             recovery: recovery::Tracker::default(),
+            goodput: Goodput::default(),
+            running: sinks.stacks.clone(),
+            running_since_ms: None,
+            created: Instant::now(),
         }
     }
 
@@ -238,6 +251,7 @@ impl Observer {
         if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause) {
             self.recovered(&r);
         }
+        self.account(from, to, spent, now.saturating_duration_since(input_at.unwrap_or(now)));
         let Some(m) = &self.metrics else { return };
         m.state(to_name);
         match (to, state) {
@@ -248,6 +262,41 @@ impl Observer {
             }
             (PhaseKind::Running | PhaseKind::Stopping | PhaseKind::Starting, _) => {}
             _ => m.local_workers(0),
+        }
+    }
+
+    /// Adds the time spent in `from` to the goodput; `waited`: how long before now the input that caused
+    /// this transition arrived. Said each time the workers run again, and at the end.
+    fn account(&mut self, from: PhaseKind, to: PhaseKind, spent: Duration, waited: Duration) {
+        let detect = if from == PhaseKind::Running && to == PhaseKind::Stopping { waited } else { Duration::ZERO };
+        let warmup = match (from, self.running.progress(), self.running_since_ms) {
+            (PhaseKind::Running, Some(progress), Some(since)) => match progress.first_ms() {
+                Some(first) => Warmup::Until(Duration::from_millis(first.saturating_sub(since))),
+                None => Warmup::NoProgress,
+            },
+            _ => Warmup::NotMeasured,
+        };
+        let added = self.goodput.add(from, spent, detect, warmup);
+        if let Some(m) = &self.metrics {
+            m.goodput(&added);
+        }
+        if to == PhaseKind::Running {
+            self.running_since_ms = crate::rendezvous::unix_ms();
+        }
+        let end = matches!(to, PhaseKind::Succeeded | PhaseKind::Failed | PhaseKind::Interrupted | PhaseKind::Drained);
+        if !(to == PhaseKind::Running || end) {
+            return;
+        }
+        let g = &self.goodput;
+        let lost: serde_json::Map<String, Value> = goodput::LOST.iter().zip(g.lost).map(|(name, d)| (format!("{name}_s"), json!(d.as_secs_f64()))).collect();
+        let mut fields = json!({ "final": end, "goodput": g.ratio(), "productive_s": g.productive.as_secs_f64(),
+                                 "wall_s": self.created.elapsed().as_secs_f64() });
+        if let Some(f) = fields.as_object_mut() {
+            f.insert("lost".into(), Value::Object(lost));
+        }
+        self.emit("muster.agent.goodput", fields);
+        if end {
+            tracing::info!("{}", g.line());
         }
     }
 

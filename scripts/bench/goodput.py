@@ -1,0 +1,273 @@
+"""The goodput benchmark's driver (run by scripts/bench/goodput.sh, which documents it).
+
+One job per launcher and seed: two agents of two gloo workers each on loopback (c10d rendezvous, --nnodes
+1:2), examples/train.py with a checkpoint every K steps and a step log, and a seeded schedule of faults, one
+every T seconds: a worker SIGKILLed, the second agent SIGKILLed, or the second agent leaving (SIGTERM); a
+node that went is replaced by a fresh agent R seconds later. The job has STEPS steps; it runs until it
+finishes or until DEADLINE_FACTOR times the time it would take fault-free.
+"""
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+LAUNCHERS = ("torchrun", "muster", "muster-warm")
+FAULTS = ("crash", "kill", "leave")
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--muster", required=True)
+    p.add_argument("--torchrun", required=True)
+    p.add_argument("--train", required=True)
+    p.add_argument("--work", required=True)
+    p.add_argument("--launchers", default=",".join(LAUNCHERS))
+    p.add_argument("--seeds", default="1,2,3")
+    p.add_argument("--interval", type=float, default=60.0, help="T: seconds between faults")
+    p.add_argument("--minutes", type=float, default=10.0, help="M: minutes of faults (the job is sized to them)")
+    p.add_argument("--step-sleep", type=float, default=0.2)
+    p.add_argument("--ckpt-every", type=int, default=25)
+    p.add_argument("--replace-after", type=float, default=5.0, help="R: seconds before a gone node is replaced")
+    p.add_argument("--deadline-factor", type=float, default=2.0)
+    return p.parse_args()
+
+
+class Job:
+    def __init__(self, args, launcher, seed):
+        self.args, self.launcher, self.seed = args, launcher, seed
+        self.dir = os.path.join(args.work, f"{launcher}-{seed}")
+        os.makedirs(self.dir, exist_ok=True)
+        self.steplog = os.path.join(self.dir, "steps.log")
+        self.run_id = f"goodput{os.getpid()}{launcher.replace('-', '')}{seed}"
+        self.agents = {}  # name -> Popen
+        self.port = None
+        self.generation = 0
+        self.faults = []  # (time, kind)
+
+    def command(self, host):
+        a = self.args
+        steps = self.steps()
+        common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-id={self.run_id}",
+                  "--max-restarts=100"]
+        if self.launcher == "muster-warm":
+            common += ["--warm-spares=torch", "--warm-spares-delay=0"]
+        conf = "is_host=1" if host else "is_host=0"
+        script = [a.train, f"--steps={steps}", f"--ckpt-every={a.ckpt_every}", f"--step-sleep={a.step_sleep}",
+                  f"--step-log={self.steplog}", f"--ckpt-dir={os.path.join(self.dir, 'ckpt')}"]
+        if self.launcher == "torchrun":
+            return [a.torchrun, *common, f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-conf={conf}", *script]
+        endpoint = "127.0.0.1:0" if host else f"127.0.0.1:{self.port}"
+        return [a.muster, *common, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
+
+    def steps(self):
+        """Sized so that a fault-free run takes about M minutes."""
+        return max(10, int(self.args.minutes * 60 / (self.args.step_sleep + 0.01)))
+
+    def start(self, name):
+        host = name == "a"
+        if host and self.launcher == "torchrun":
+            self.port = free_port()
+        log = open(os.path.join(self.dir, f"{name}.log"), "w")
+        self.agents[name] = subprocess.Popen(self.command(host), stdout=log, stderr=subprocess.STDOUT,
+                                             start_new_session=True)
+        if host and self.launcher != "torchrun":
+            self.port = wait_for(lambda: hosted_port(os.path.join(self.dir, "a.log")), 60, "the host's store port")
+
+    def alive(self, name):
+        p = self.agents.get(name)
+        return p is not None and p.poll() is None
+
+    def workers(self):
+        """The pids of the workers of the latest start of each rank, alive now."""
+        latest = {}
+        for kind, fields in read_log(self.steplog):
+            if kind == "start":
+                latest[int(fields[1])] = int(fields[2])
+        return [pid for pid in latest.values() if os.path.exists(f"/proc/{pid}")]
+
+    def fault(self, rng, now):
+        kind = rng.choice(FAULTS)
+        second = [n for n in self.agents if n != "a" and self.alive(n)]
+        if kind != "crash" and not second:
+            kind = "crash"
+        if kind == "crash":
+            pids = self.workers()
+            if not pids:
+                return None
+            os.kill(rng.choice(pids), signal.SIGKILL)
+        else:
+            name = second[0]
+            os.killpg(self.agents[name].pid, signal.SIGKILL if kind == "kill" else signal.SIGTERM)
+        self.faults.append((now, kind))
+        return kind
+
+    def replace(self):
+        self.generation += 1
+        self.start(f"b{self.generation}")
+
+    def stop(self):
+        for p in self.agents.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        for p in self.agents.values():
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+        # torchrun leaves workers behind when it is SIGKILLed.
+        for pid in self.workers():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def hosted_port(log):
+    try:
+        m = re.search(r"rdzv_store=127\.0\.0\.1:(\d+) \(hosted here\)", open(log).read())
+    except OSError:
+        return None
+    return int(m.group(1)) if m else None
+
+
+def wait_for(f, timeout, what):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = f()
+        if v:
+            return v
+        time.sleep(0.05)
+    sys.exit(f"goodput: no {what} within {timeout} s")
+
+
+def read_log(path):
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        f = line.split()
+        if f and f[0] in ("start", "step"):
+            out.append((f[0], f[1:]))
+    return out
+
+
+def run(args, launcher, seed):
+    job = Job(args, launcher, seed)
+    rng = random.Random(seed)
+    began = time.time()
+    job.start("a")
+    job.start("b")
+    wait_for(lambda: any(k == "step" for k, _ in read_log(job.steplog)), 180, "first step")
+    clean_wall = job.steps() * (args.step_sleep + 0.01)
+    deadline = began + clean_wall * args.deadline_factor
+    next_fault = began + args.interval
+    last_fault = began + args.minutes * 60
+    pending_replace = None
+    finished = False
+    while time.time() < deadline:
+        now = time.time()
+        if not job.alive("a"):
+            finished = job.agents["a"].returncode == 0
+            break
+        if pending_replace and now >= pending_replace:
+            job.replace()
+            pending_replace = None
+        if now >= next_fault and now <= last_fault:
+            kind = job.fault(rng, now)
+            if kind in ("kill", "leave"):
+                pending_replace = now + args.replace_after
+            next_fault += args.interval
+        time.sleep(0.05)
+    ended = time.time()
+    job.stop()
+    # A job that did not finish had the whole window to train in.
+    window = ended - began if finished else max(ended - began, args.minutes * 60)
+    return analyse(job, began, window, finished)
+
+
+def analyse(job, began, wall, finished):
+    events = read_log(job.steplog)
+    steps, attempts = [], []  # (time, step, attempt)
+    attempt = 0
+    restarts = 0
+    for kind, f in events:
+        if kind == "start" and f[1] == "0":
+            attempt += 1
+            attempts.append(float(f[0]))
+            restarts = max(restarts, int(f[3]))
+        elif kind == "step":
+            steps.append((float(f[0]), int(f[1]), attempt))
+    # Steps redone after a checkpoint restore are not new: the useful ones are the furthest step reached.
+    useful = max((s for _, s, _ in steps), default=0)
+    gaps = [b[0] - a[0] for a, b in zip(steps, steps[1:]) if a[2] == b[2]]
+    clean = statistics.median(gaps) if gaps else float("nan")
+    recover = []
+    for t, kind in job.faults:
+        at_fault = max((a for tt, _, a in steps if tt <= t), default=0)
+        after = [tt for tt, _, a in steps if tt > t and a != at_fault]
+        later = [tt for tt, _, _ in steps if tt > t]
+        first = after[0] if after else (later[0] if later else None)
+        recover.append(first - t if first else float("inf"))
+    finite = sorted(r for r in recover if r != float("inf"))
+    return {
+        "launcher": job.launcher, "seed": job.seed, "ettr": useful * clean / wall if wall > 0 else 0.0,
+        "clean_step_s": clean, "useful_steps": useful, "wall_s": wall, "faults": len(job.faults),
+        "fault_kinds": [k for _, k in job.faults],
+        "recover_mean_s": statistics.mean(finite) if finite else None,
+        "recover_p95_s": finite[min(len(finite) - 1, int(round(0.95 * (len(finite) - 1))))] if finite else None,
+        "never_recovered": len(recover) - len(finite), "attempts": attempt, "max_restart_count": restarts,
+        "finished": finished,
+    }
+
+
+def table(results):
+    """One row per launcher, the seeds' means (p95: the worst seed's)."""
+    rows = ["| launcher | ETTR | fault → first step, mean | p95 | never recovered | restarts (node a) | finished |",
+            "|---|---|---|---|---|---|---|"]
+    for launcher in dict.fromkeys(r["launcher"] for r in results):
+        rs = [r for r in results if r["launcher"] == launcher]
+        means = [r["recover_mean_s"] for r in rs if r["recover_mean_s"] is not None]
+        p95s = [r["recover_p95_s"] for r in rs if r["recover_p95_s"] is not None]
+        rows.append("| {} | {:.1f}% | {} | {} | {} of {} | {:.1f} | {} of {} |".format(
+            launcher, 100 * statistics.mean(r["ettr"] for r in rs),
+            f"{statistics.mean(means):.2f} s" if means else "-", f"{max(p95s):.2f} s" if p95s else "-",
+            sum(r["never_recovered"] for r in rs), sum(r["faults"] for r in rs),
+            statistics.mean(r["max_restart_count"] for r in rs), sum(r["finished"] for r in rs), len(rs)))
+    return "\n".join(rows)
+
+
+def main():
+    args = parse_args()
+    results = []
+    for seed in [int(s) for s in args.seeds.split(",")]:
+        for launcher in args.launchers.split(","):
+            if launcher not in LAUNCHERS:
+                sys.exit(f"goodput: unknown launcher '{launcher}' (use {', '.join(LAUNCHERS)})")
+            r = run(args, launcher, seed)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    with open(os.path.join(args.work, "results.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    print(table(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): goodput under faults, torchrun against muster side by side. One job per launcher
+# and seed: two agents x two gloo workers on loopback (c10d rendezvous, --nnodes 1:2, --max-restarts 100),
+# examples/train.py with a checkpoint every K steps, sized to take M minutes fault-free, under a seeded
+# schedule of one fault every T seconds for M minutes: a worker SIGKILLed, the second node's agent SIGKILLed
+# (its workers die with it, as with a host that vanishes), or the second node leaving (SIGTERM); a node that
+# went is replaced by a fresh agent R seconds later. The same seed gives every launcher the same schedule.
+# Launchers: torchrun 2.15, muster, muster --warm-spares torch.
+#
+# Reported per launcher (the mean over seeds): ETTR (the furthest step reached x the clean step time / the
+# wall time from launch; steps redone after a checkpoint restore do not count; a job that did not finish is
+# charged the whole M minutes at least), the time from each fault to the first step of the group that
+# replaced the one it broke (mean; p95 the worst seed's), faults never recovered from, restarts spent by the
+# first node, and whether the job finished (within twice its fault-free time). The per-run figures are
+# JSON lines; the agents' logs and step logs stay in the work directory with KEEP=1.
+#
+# Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 100 minutes)
+#        T=30 M=4 SEEDS=1,2,3 scripts/bench/goodput.sh    LAUNCHERS=muster,torchrun T=20 M=2 ...
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+T="${T:-60}"
+M="${M:-10}"
+SEEDS="${SEEDS:-1,2,3}"
+LAUNCHERS="${LAUNCHERS:-torchrun,muster,muster-warm}"
+K="${K:-25}"
+R="${R:-5}"
+source scripts/lib.sh
+require_positive_ints T M K R
+[[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "SEEDS: comma-separated integers, got '$SEEDS'" >&2; exit 2; }
+cargo build --release --quiet
+ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
+work="$(mktemp -d)"
+trap 'if [ "${KEEP:-0}" = 1 ]; then echo "logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
+"$MUSTER_PYTHON" scripts/bench/goodput.py --muster "$PWD/target/release/muster" --torchrun "$(command -v torchrun)" \
+    --train "$PWD/examples/train.py" --work "$work" --launchers "$LAUNCHERS" --seeds "$SEEDS" \
+    --interval "$T" --minutes "$M" --ckpt-every "$K" --replace-after "$R"
