@@ -102,7 +102,8 @@ fn shows_every_member(job: &Job, agents: &[Agent]) {
     let lines: Vec<&str> = table.stdout.lines().collect();
     let heading = format!("job {} at {}: round 0, running, 3 member(s), world size 3", job.run_id, job.endpoint);
     assert!(lines[0].starts_with(&heading), "{}", table.stdout);
-    assert!(lines[1].starts_with("GROUP_RANK  NODE"), "{}", table.stdout);
+    assert_eq!(lines[1], "job restarts: 0 in all (no --job-max-restarts)", "{}", table.stdout);
+    assert!(lines[2].starts_with("GROUP_RANK  NODE"), "{}", table.stdout);
     for (pid, rank) in &ranks {
         let row = lines.iter().find(|l| l.contains(&format!("_{pid}_"))).unwrap_or_else(|| panic!("{pid}: {}", table.stdout));
         let cells: Vec<&str> = row.split_whitespace().collect();
