@@ -123,8 +123,9 @@ class Job:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        # torchrun leaves workers behind when it is SIGKILLed.
-        for pid in self.workers():
+        # torchrun leaves workers behind when it is SIGKILLed: every worker ever started goes.
+        started = [int(f[2]) for kind, f in read_log(self.steplog) if kind == "start"]
+        for pid in [p for p in started if os.path.exists(f"/proc/{p}")]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
