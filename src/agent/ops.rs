@@ -105,7 +105,7 @@ impl Work {
                     Err(e) => return Input::Failed(e.into()),
                 },
                 Ok(Published::Changed(event)) => {
-                    tracing::info!(?event, "membership changed before the group started; re-forming (no restart spent)");
+                    super::peer::log_change(&event, "membership changed before the group started");
                     return Input::JoinChanged(event);
                 }
                 Err(e) => return Input::Failed(e.into()),
@@ -145,7 +145,7 @@ impl Work {
             },
             event = self.rendezvous.next_event() => match event {
                 Ok(event) => {
-                    tracing::info!(?event, "membership changed; re-forming the group (no restart spent)");
+                    super::peer::log_change(&event, "membership changed");
                     Input::Membership(event)
                 }
                 Err(e) => Input::Failed(e.into()),

@@ -7,7 +7,7 @@
 
 use super::state::{unexpected, Cause, End, Job, Phase};
 use super::AgentError;
-use crate::rendezvous::RdzvEvent;
+use crate::rendezvous::{Closure, RdzvEvent};
 
 /// A membership event while the workers run (the only phase that watches membership; joining watches it
 /// itself and reports `JoinChanged`).
@@ -15,6 +15,18 @@ pub fn on_membership(phase: Phase, event: RdzvEvent) -> Phase {
     match phase {
         Phase::Running => Phase::Stopping(Cause::Membership(event)),
         phase => unexpected(phase, "membership"),
+    }
+}
+
+/// The agent's line for a membership change seen while `doing` (running, joining, a worker failing): a
+/// closed job ends this node, anything else re-forms the group.
+pub fn log_change(event: &RdzvEvent, doing: &str) {
+    match event {
+        RdzvEvent::Closed(Closure::OverBudget(line)) => {
+            tracing::info!("{doing}: the job was closed, its restart budget spent ({line}); ending")
+        }
+        RdzvEvent::Closed(Closure::Finished) => tracing::info!("{doing}: the job was closed on another node; ending"),
+        event => tracing::info!(?event, "{doing}; re-forming the group (no restart spent)"),
     }
 }
 

@@ -16,12 +16,11 @@ use crate::supervisor::failure::ProcessFailure;
 pub fn on_worker_failed(failure: ProcessFailure, change: Option<RdzvEvent>) -> Phase {
     match change {
         Some(event) => {
-            tracing::info!(
-                local_rank = failure.local_rank,
-                exitcode = failure.exitcode,
-                ?event,
-                "a worker failed during a membership change; re-forming (no restart spent)"
+            let doing = format!(
+                "worker {} failed (exitcode {}) during a membership change",
+                failure.local_rank, failure.exitcode
             );
+            super::peer::log_change(&event, &doing);
             Phase::Stopping(Cause::Membership(event))
         }
         None => Phase::Stopping(Cause::Restart { failures: vec![failure], fault: None, hang: false }),

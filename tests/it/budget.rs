@@ -74,6 +74,8 @@ fn expect_over_budget(name: &str, agent: &mut Agent, line: &str) {
     let said: Vec<&str> = log.lines().filter(|l| l.contains("over its budget") && !l.contains(" INFO ")).collect();
     assert_eq!(said.len(), 1, "{name} says it once: {said:?}\n{log}");
     assert!(said[0].contains(line) && said[0].contains("do not requeue"), "{name}: {}", said[0]);
+    let reforming = log.lines().find(|l| l.contains("Closed") && l.contains("re-forming"));
+    assert_eq!(reforming, None, "{name}: a closed job is not re-formed");
 }
 
 /// A budget of 2: a crash on a, a crash on b, b SIGKILLed and replaced by a fresh agent (its own count
