@@ -4,7 +4,8 @@ One job per launcher and seed: two agents of two gloo workers each on loopback (
 1:2), examples/train.py with a checkpoint every K steps and a step log, and a seeded schedule of faults, one
 every T seconds: a worker SIGKILLed, the second agent SIGKILLed, or the second agent leaving (SIGTERM); a
 node that went is replaced by a fresh agent R seconds later. The job has STEPS steps; it runs until it
-finishes or until DEADLINE_FACTOR times the time it would take fault-free.
+finishes, until DEADLINE_FACTOR times the time it would take fault-free, or until it is stuck (no fault left
+to come and no step for STALL seconds).
 """
 
 import argparse
@@ -20,6 +21,7 @@ import time
 
 LAUNCHERS = ("torchrun", "muster", "muster-warm")
 FAULTS = ("crash", "kill", "leave")
+PHASES = ("detect", "stop", "rendezvous", "spawn", "warmup", "finish")  # a recovery's order, then the end
 
 
 def parse_args():
@@ -36,6 +38,7 @@ def parse_args():
     p.add_argument("--ckpt-every", type=int, default=25)
     p.add_argument("--replace-after", type=float, default=5.0, help="R: seconds before a gone node is replaced")
     p.add_argument("--deadline-factor", type=float, default=2.0)
+    p.add_argument("--stall", type=float, default=120.0, help="after the last fault: no step for this long is stuck")
     return p.parse_args()
 
 
@@ -51,8 +54,9 @@ class Job:
         self.generation = 0
         self.faults = []  # (time, kind)
 
-    def command(self, host):
+    def command(self, name):
         a = self.args
+        host = name == "a"
         steps = self.steps()
         common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-id={self.run_id}",
                   "--max-restarts=100"]
@@ -64,7 +68,11 @@ class Job:
         if self.launcher == "torchrun":
             return [a.torchrun, *common, f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-conf={conf}", *script]
         endpoint = "127.0.0.1:0" if host else f"127.0.0.1:{self.port}"
-        return [a.muster, *common, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
+        # The agent's own account of its time (the goodput event); the progress pattern lets it time the
+        # warm-up, and the hang timeout is long enough never to fire here.
+        own = [f"--event-log={os.path.join(self.dir, name + '.events')}", "--hang-timeout=300",
+               r"--progress-pattern=step \d+"]
+        return [a.muster, *common, *own, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
 
     def steps(self):
         """Sized so that a fault-free run takes about M minutes."""
@@ -75,7 +83,7 @@ class Job:
         if host and self.launcher == "torchrun":
             self.port = free_port()
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        self.agents[name] = subprocess.Popen(self.command(host), stdout=log, stderr=subprocess.STDOUT,
+        self.agents[name] = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT,
                                              start_new_session=True)
         if host and self.launcher != "torchrun":
             self.port = wait_for(lambda: hosted_port(os.path.join(self.dir, "a.log")), 60, "the host's store port")
@@ -123,12 +131,15 @@ class Job:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
-        # torchrun leaves workers behind when it is SIGKILLed: every worker ever started goes.
-        started = [int(f[2]) for kind, f in read_log(self.steplog) if kind == "start"]
-        for pid in [p for p in started if os.path.exists(f"/proc/{p}")]:
+        # torchrun leaves workers behind when it is SIGKILLed, in sessions of their own, some before they
+        # logged their start: every process of this job's script goes (its step log's path is its own).
+        for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
             try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    mine = f"--step-log={self.steplog}".encode() in f.read().split(b"\0")
+                if mine:
+                    os.kill(pid, signal.SIGKILL)
+            except OSError:
                 pass
 
 
@@ -155,6 +166,10 @@ def wait_for(f, timeout, what):
             return v
         time.sleep(0.05)
     sys.exit(f"goodput: no {what} within {timeout} s")
+
+
+def last_step(path):
+    return max((float(f[0]) for kind, f in read_log(path) if kind == "step"), default=0.0)
 
 
 def read_log(path):
@@ -188,6 +203,8 @@ def run(args, launcher, seed):
         if not job.alive("a"):
             finished = job.agents["a"].returncode == 0
             break
+        if now > last_fault + args.stall and now - last_step(job.steplog) > args.stall:
+            break  # stuck: no fault is left to come, and no step came for STALL seconds
         if pending_replace and now >= pending_replace:
             job.replace()
             pending_replace = None
@@ -228,7 +245,7 @@ def analyse(job, began, wall, finished):
         first = after[0] if after else (later[0] if later else None)
         recover.append(first - t if first else float("inf"))
     finite = sorted(r for r in recover if r != float("inf"))
-    return {
+    return {"redone_steps": len(steps) - useful, "agent_a": own_account(os.path.join(job.dir, "a.events")), **{
         "launcher": job.launcher, "seed": job.seed, "ettr": useful * clean / wall if wall > 0 else 0.0,
         "clean_step_s": clean, "useful_steps": useful, "wall_s": wall, "faults": len(job.faults),
         "fault_kinds": [k for _, k in job.faults],
@@ -236,7 +253,20 @@ def analyse(job, began, wall, finished):
         "recover_p95_s": finite[min(len(finite) - 1, int(round(0.95 * (len(finite) - 1))))] if finite else None,
         "never_recovered": len(recover) - len(finite), "attempts": attempt, "max_restart_count": restarts,
         "finished": finished,
-    }
+    }}
+
+
+def own_account(path):
+    """Node a's last goodput event (muster only): its training and lost seconds by phase."""
+    try:
+        lines = open(path).read().splitlines()
+    except OSError:
+        return None
+    events = [json.loads(line) for line in lines if '"muster.agent.goodput"' in line]
+    if not events:
+        return None
+    e = events[-1]
+    return {"goodput": e["goodput"], "productive_s": e["productive_s"], "wall_s": e["wall_s"], "lost": e["lost"]}
 
 
 def table(results):
@@ -255,6 +285,25 @@ def table(results):
     return "\n".join(rows)
 
 
+def account_table(results):
+    """Where node a's wall time went (muster's own goodput event), the seeds' means; redone: the steps a
+    checkpoint restore made the workers do again, which the agent counts as training."""
+    rows = []
+    for launcher in dict.fromkeys(r["launcher"] for r in results if r["agent_a"]):
+        rs = [r for r in results if r["launcher"] == launcher and r["agent_a"]]
+        phases = [p + "_s" for p in PHASES]
+        if not rows:
+            rows = ["| launcher | wall | training | redone | " + " | ".join(p[:-2] for p in phases) + " |",
+                    "|---|---|---|---|" + "---|" * len(phases)]
+        mean = lambda f: statistics.mean(f(r) for r in rs)
+        redone = mean(lambda r: r["redone_steps"] * r["clean_step_s"])
+        cells = [f"{mean(lambda r: r['agent_a']['wall_s']):.1f} s",
+                 f"{mean(lambda r: r['agent_a']['productive_s']) - redone:.1f} s", f"{redone:.1f} s"]
+        cells += [f"{mean(lambda r: r['agent_a']['lost'][p]):.1f} s" for p in phases]
+        rows.append(f"| {launcher} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def main():
     args = parse_args()
     results = []
@@ -268,6 +317,8 @@ def main():
     with open(os.path.join(args.work, "results.json"), "w") as f:
         json.dump(results, f, indent=1)
     print(table(results))
+    print()
+    print(account_table(results))
 
 
 if __name__ == "__main__":

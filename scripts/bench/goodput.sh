@@ -11,7 +11,8 @@
 # wall time from launch; steps redone after a checkpoint restore do not count; a job that did not finish is
 # charged the whole M minutes at least), the time from each fault to the first step of the group that
 # replaced the one it broke (mean; p95 the worst seed's), faults never recovered from, restarts spent by the
-# first node, and whether the job finished (within twice its fault-free time). The per-run figures are
+# first node, and whether the job finished (within twice its fault-free time; a job that makes no step for
+# 120 s once the last fault is behind it is stuck and stopped there, not finished). The per-run figures are
 # JSON lines; the agents' logs and step logs stay in the work directory with KEEP=1.
 #
 # Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 100 minutes)
