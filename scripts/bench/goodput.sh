@@ -15,7 +15,7 @@
 # 120 s once the last fault is behind it is stuck and stopped there, not finished). The per-run figures are
 # JSON lines; the agents' logs and step logs stay in the work directory with KEEP=1.
 #
-# Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 100 minutes)
+# Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 90 minutes)
 #        T=30 M=4 SEEDS=1,2,3 scripts/bench/goodput.sh    LAUNCHERS=muster,torchrun T=20 M=2 ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
