@@ -245,15 +245,16 @@ def analyse(job, began, wall, finished):
         first = after[0] if after else (later[0] if later else None)
         recover.append(first - t if first else float("inf"))
     finite = sorted(r for r in recover if r != float("inf"))
-    return {"redone_steps": len(steps) - useful, "agent_a": own_account(os.path.join(job.dir, "a.events")), **{
+    return {
         "launcher": job.launcher, "seed": job.seed, "ettr": useful * clean / wall if wall > 0 else 0.0,
         "clean_step_s": clean, "useful_steps": useful, "wall_s": wall, "faults": len(job.faults),
         "fault_kinds": [k for _, k in job.faults],
         "recover_mean_s": statistics.mean(finite) if finite else None,
         "recover_p95_s": finite[min(len(finite) - 1, int(round(0.95 * (len(finite) - 1))))] if finite else None,
         "never_recovered": len(recover) - len(finite), "attempts": attempt, "max_restart_count": restarts,
-        "finished": finished,
-    }}
+        "finished": finished, "redone_steps": len(steps) - useful,
+        "agent_a": own_account(os.path.join(job.dir, "a.events")),
+    }
 
 
 def own_account(path):
@@ -288,20 +289,17 @@ def table(results):
 def account_table(results):
     """Where node a's wall time went (muster's own goodput event), the seeds' means; redone: the steps a
     checkpoint restore made the workers do again, which the agent counts as training."""
-    rows = []
+    rows = ["| launcher | wall | training | redone | " + " | ".join(PHASES) + " |",
+            "|---|---|---|---|" + "---|" * len(PHASES)]
     for launcher in dict.fromkeys(r["launcher"] for r in results if r["agent_a"]):
         rs = [r for r in results if r["launcher"] == launcher and r["agent_a"]]
-        phases = [p + "_s" for p in PHASES]
-        if not rows:
-            rows = ["| launcher | wall | training | redone | " + " | ".join(p[:-2] for p in phases) + " |",
-                    "|---|---|---|---|" + "---|" * len(phases)]
         mean = lambda f: statistics.mean(f(r) for r in rs)
         redone = mean(lambda r: r["redone_steps"] * r["clean_step_s"])
         cells = [f"{mean(lambda r: r['agent_a']['wall_s']):.1f} s",
                  f"{mean(lambda r: r['agent_a']['productive_s']) - redone:.1f} s", f"{redone:.1f} s"]
-        cells += [f"{mean(lambda r: r['agent_a']['lost'][p]):.1f} s" for p in phases]
+        cells += [f"{mean(lambda r: r['agent_a']['lost'][p + '_s']):.1f} s" for p in PHASES]
         rows.append(f"| {launcher} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def main():
