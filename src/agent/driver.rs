@@ -92,6 +92,8 @@ impl Agent {
                 }
             }
         }
+        // The store's host keeps serving a closed job until the others have read why it closed.
+        work.rendezvous.outlive_closure().await;
         match std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded)) {
             Phase::Done(end) => end,
             _ => End::Error(AgentError::Internal("the driver stopped before the end".into())),

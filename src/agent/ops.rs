@@ -76,7 +76,7 @@ impl Work {
             Op::Stop(sig, grace) => self.stop(sig, grace).await,
             Op::Reform { open, record } => self.reform(open, record).await,
             Op::Drain(fault) => self.drain(&fault).await,
-            Op::Finish { barrier } => self.finish(barrier).await,
+            Op::Finish { barrier, failed } => self.finish(barrier, failed).await,
             Op::None => std::future::pending().await,
         }
     }
@@ -204,8 +204,9 @@ impl Work {
     }
 
     /// On success, the exit barrier (the node hosting the store outlives the others' use of it); then the
-    /// rendezvous is closed (success or final failure, never a signal), within `close_timeout`.
-    async fn finish(&mut self, barrier: bool) -> Input {
+    /// rendezvous is closed (success or final failure, never a signal), within `close_timeout`; a failure
+    /// is closed with `failed`, named by this node.
+    async fn finish(&mut self, barrier: bool, failed: Option<String>) -> Input {
         self.spares.clear();
         if barrier {
             if let Err(e) = self.rendezvous.exit_barrier().await {
@@ -213,7 +214,8 @@ impl Work {
             }
         }
         let timeout = self.cfg.rdzv.close_timeout;
-        match tokio::time::timeout(timeout, self.rendezvous.close()).await {
+        let failed = failed.map(|line| format!("node {}: {line}", self.cfg.local_addr));
+        match tokio::time::timeout(timeout, self.rendezvous.close(failed)).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("cannot close the rendezvous: {e}"),
             Err(_) => tracing::warn!("cannot close the rendezvous within close_timeout ({timeout:?})"),

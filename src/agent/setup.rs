@@ -57,8 +57,9 @@ impl Agent {
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         };
         let mut rendezvous = Rendezvous::new(store, settings(&cfg), me(&cfg), fingerprint(&cfg));
+        let hosting = hosted.is_some();
         tokio::select! {
-            r = rendezvous.register() => r.map_err(fail)?,
+            r = async { if hosting { rendezvous.announce_host().await?; } rendezvous.register().await } => r.map_err(fail)?,
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         }
         super::banner::banner(&cfg, &rendezvous, hosted.is_some(), &logs);

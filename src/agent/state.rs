@@ -226,7 +226,8 @@ pub enum Op {
     /// `record`: a restart of this kind to add to the job's count first.
     Reform { open: bool, record: Option<StopKind> },
     Drain(Box<Fault>),
-    Finish { barrier: bool },
+    /// `failed`: this node failed for good, with what the others are told.
+    Finish { barrier: bool, failed: Option<String> },
     None,
 }
 
@@ -376,8 +377,22 @@ impl State {
             Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
             Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
-            Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded) },
+            Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded), failed: self.failed_line(end) },
             Phase::Done(_) => Op::None,
+        }
+    }
+
+    /// What the other nodes are told when this one fails for good (`None` on success): its first failed
+    /// rank, or the error.
+    fn failed_line(&self, end: &End) -> Option<String> {
+        let spent = format!("restarts spent (--max-restarts {})", self.job.max_restarts);
+        match end {
+            End::Succeeded | End::Interrupted(_) | End::Drained(_) => None,
+            End::Failed(failures) => Some(match failures.first() {
+                Some(f) => format!("rank {} (local_rank {}) exited with {}, {spent}", f.global_rank, f.local_rank, f.exitcode),
+                None => format!("its workers failed, {spent}"),
+            }),
+            End::Error(e) => Some(e.to_string()),
         }
     }
 

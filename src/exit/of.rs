@@ -34,8 +34,11 @@ pub fn of_error(e: &AgentError) -> u8 {
 fn of_rendezvous(e: &RdzvError) -> u8 {
     match e {
         RdzvError::Store(e) => of_store(e),
-        RdzvError::Timeout { .. } | RdzvError::StoreLost => RDZV_INCOMPLETE,
-        RdzvError::Closed(_) => RDZV_CLOSED,
+        RdzvError::Timeout { .. }
+        | RdzvError::StoreLost
+        | RdzvError::StoreHostEnded { .. }
+        | RdzvError::StoreRefused { .. } => RDZV_INCOMPLETE,
+        RdzvError::Closed(_) | RdzvError::FailedElsewhere(_) => RDZV_CLOSED,
         RdzvError::RestartBudget(_) => RESTART_BUDGET_SPENT,
         // The same on every retry: the nodes were started with different settings.
         RdzvError::Mismatch(_) | RdzvError::State(_) => FAILED,
@@ -58,6 +61,7 @@ fn of_store(e: &StoreError) -> u8 {
         | StoreError::Closed { .. }
         | StoreError::Io { .. }
         | StoreError::Broken { .. }
+        | StoreError::Refused { .. }
         | StoreError::Unreachable { .. } => RDZV_INCOMPLETE,
         StoreError::Bind { .. } | StoreError::Handshake { .. } | StoreError::Protocol { .. } | StoreError::Etcd { .. } => {
             FAILED
@@ -98,6 +102,10 @@ mod tests {
             ("unreachable at set-up", store(StoreError::Connect { addr: addr(), timeout: Duration::from_secs(1), last: "refused".into() }), 3),
             ("no such host", Err(AgentError::Resolve("n1:29500".into(), io())), 3),
             ("closed", rdzv(RdzvError::Closed("j".into())), 4),
+            ("failed on another node", rdzv(RdzvError::FailedElsewhere("node n1: workers failed".into())), 4),
+            ("store's host ended", rdzv(RdzvError::StoreHostEnded { node: "n0".into(), addr: "n0:29500".into() }), 3),
+            ("store refused", rdzv(RdzvError::StoreRefused { addr: "s:29500".into(), waited: Duration::from_secs(15) }), 3),
+            ("refused at the store", rdzv(RdzvError::Store(StoreError::Refused { addr: addr() })), 3),
             ("job restart budget spent", rdzv(RdzvError::RestartBudget("the job restarted 3 times".into())), 5),
             ("not a store", store(StoreError::NotAStore { addr: addr(), answer: "HTTP" }), 2),
             ("wrong token", rdzv(RdzvError::Store(StoreError::WrongToken { addr: addr() })), 2),

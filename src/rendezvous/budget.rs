@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::retry::Retry;
+use super::wire::Closure;
 use super::{unix_ms, RdzvError, Rendezvous};
 use crate::store::Store;
 
@@ -145,7 +145,7 @@ impl<S: Store> Rendezvous<S> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let now = unix_ms().ok_or_else(|| RdzvError::State("this host's clock is before 1970".into()))?;
         let key = self.key(&format!("{RESTARTS}{round}-{now}-{}", self.me.id));
-        let mut retry = Retry::new("recording a restart", self.settings.store_timeout);
+        let mut retry = self.retry("recording a restart");
         let names = loop {
             let recorded = async {
                 self.store.set(&key, cause.as_bytes()).await?;
@@ -166,7 +166,7 @@ impl<S: Store> Rendezvous<S> {
         match budget {
             Some(b) if tally.in_window > b.max => {
                 let line = b.spent_line(tally.in_window);
-                self.close_for(&line).await?;
+                self.close_with(&Closure::OverBudget(line.clone())).await?;
                 Err(RdzvError::RestartBudget(line))
             }
             Some(b) => {
@@ -231,10 +231,11 @@ mod tests {
 
     #[test]
     fn a_closed_job_says_why() {
-        use super::super::wire::Closure;
         let over = Closure::OverBudget("the job restarted 3 times".into());
         assert_eq!(Closure::decode(&over.encode()), over);
         assert_eq!(Closure::decode(&Closure::Finished.encode()), Closure::Finished);
+        let failed = Closure::Failed("node n1 failed".into());
+        assert_eq!(Closure::decode(&failed.encode()), failed);
         // As agents before the budget closed a job.
         assert_eq!(Closure::decode(b"1"), Closure::Finished);
         assert!(matches!(over.error("job"), RdzvError::RestartBudget(l) if l.contains("3 times")));

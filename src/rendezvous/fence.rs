@@ -154,10 +154,12 @@ pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing
             tokio::time::sleep_until(at).await;
             continue;
         }
-        if store.reach(t.reach_bound).await == Reach::NoPath && link.get().fence_at(&t) <= Instant::now() {
+        let reach = store.reach(t.reach_bound).await;
+        if reach == Reach::NoPath && link.get().fence_at(&t) <= Instant::now() {
             return link.get();
         }
-        if !held && link.get().fence_at(&t) <= Instant::now() {
+        // A refusal is a store that ended: the watch of the round says what that means (`ending.rs`).
+        if !held && reach == Reach::Path && link.get().fence_at(&t) <= Instant::now() {
             held = true;
             // INFO: the store's client has said the outage already.
             tracing::info!(

@@ -7,7 +7,6 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::wire::{Closure, Record, RoundInfo, Seal};
-use super::retry::Retry;
 use super::{NodeInfo, RdzvError, Rendezvous, Settings};
 use crate::store::Store;
 
@@ -83,7 +82,7 @@ impl<S: Store> Rendezvous<S> {
         let start = Instant::now();
         let deadline = start + self.settings.join_timeout;
         self.current = None;
-        let mut retry = Retry::new("joining", self.settings.store_timeout);
+        let mut retry = self.retry("joining");
         let mut taken = None;
         let mut reconnected = false;
         loop {
@@ -124,6 +123,7 @@ impl<S: Store> Rendezvous<S> {
         match self.await_seal(round, slot, expected, deadline).await? {
             Joined::Member(info) => {
                 let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                self.learn_store_host().await?;
                 self.watch_round(&info).await?;
                 self.prev = Some((info.round, info.group_rank));
                 self.round_raw = raw;
@@ -310,7 +310,7 @@ impl<S: Store> Rendezvous<S> {
     }
 
     async fn open_with_retries(&self) -> Result<(), RdzvError> {
-        let mut retry = Retry::new("opening the next round", self.settings.store_timeout);
+        let mut retry = self.retry("opening the next round");
         loop {
             match self.try_open_next_round().await {
                 Err(e) => retry.after(e).await?,

@@ -9,9 +9,9 @@ use tokio::time::Instant;
 
 use super::fence::{cut_off, Link, SharedLink, Timing};
 use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
-use super::retry::{is_connection_error, Retry};
+use super::retry::{is_connection_error, OnRefusal};
 use super::{BeatNote, Published, RdzvError, RdzvEvent, Rendezvous};
-use crate::store::{Store, WatchEventKind, WatchTarget};
+use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
 impl<S: Store> Rendezvous<S> {
     /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
@@ -254,10 +254,26 @@ impl<S: Store> Rendezvous<S> {
     /// that was restarted has lost this round: the group re-forms in it (`RoundChanged`, no restart spent)
     /// instead of failing a running job. One that kept them (a dropped connection) is watched again; what
     /// changed meanwhile comes as the pending event.
+    ///
+    /// An external store that refuses connections has ended (or is restarting): the training nodes are
+    /// healthy, so their workers keep training; it is said once, and the next re-formation gives it one
+    /// liveness window. A store hosted by an agent that is gone ends this node at once (`Retry`).
     async fn after_store_lost(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
-        let mut retry = Retry::new("watching the round", self.settings.store_timeout);
+        let mut retry = self.retry("watching the round");
+        let mut said = false;
         loop {
             match self.watch_again(current).await {
+                Err(RdzvError::Store(StoreError::Refused { addr })) if matches!(self.on_refusal(), OnRefusal::Wait(_)) => {
+                    if !said {
+                        tracing::warn!(
+                            "the rendezvous store at {addr} refuses connections: its process ended; the workers keep \
+                             training, and the next re-formation ends this node (exit 3) unless the store runs again"
+                        );
+                        said = true;
+                    }
+                    retry = self.retry("watching the round");
+                    tokio::time::sleep(self.timing.probe_every).await;
+                }
                 Err(e) => retry.after(e).await?,
                 found => return found,
             }
@@ -332,12 +348,12 @@ impl<S: Store> Rendezvous<S> {
     pub async fn wait_published(&mut self, name: &str, timeout: Duration) -> Result<Published, RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        let (store, store_timeout) = (self.store.clone(), self.settings.store_timeout);
+        let store = self.store.clone();
+        let mut retry = self.retry("waiting for group rank 0");
         // Dropped when the membership changes first.
         // A failed connection is the watch's to handle (`next_event`): this wait only asks again.
         let published = async {
             let deadline = Instant::now() + timeout;
-            let mut retry = Retry::new("waiting for group rank 0", store_timeout);
             loop {
                 let got = async {
                     if !store.wait(&key, deadline.saturating_duration_since(Instant::now())).await? {

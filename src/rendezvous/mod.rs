@@ -34,6 +34,7 @@ use crate::store::{Store, StoreError, WatchEvent};
 
 pub mod board;
 mod budget;
+mod ending;
 #[cfg(test)]
 mod fuzz;
 mod fence;
@@ -48,11 +49,11 @@ mod view;
 mod wire;
 
 pub use budget::RestartBudget;
+pub use ending::LINGER_INTERVALS;
 pub use fence::Timing;
 pub use liveness::unix_ms;
 pub use view::{read_view, JobRestarts, JobView, NodeView};
 pub use wire::{Closure, Fingerprint, Heartbeat, RoundInfo};
-use retry::Retry;
 use wire::parse_round;
 
 /// Every rendezvous key lives under `muster/<run id>/`; the store keeps them for the job's agents.
@@ -72,6 +73,9 @@ pub enum RdzvError {
     Timeout { run_id: String, timeout: Duration, joined: i64, min: u32 },
     #[error("rendezvous '{0}' is closed: the job has finished or failed on another node")]
     Closed(String),
+    /// A node out of restarts closed the job, with its line.
+    #[error("the job failed on another node and is closed for good: {0}")]
+    FailedElsewhere(String),
     /// The job-wide restart budget is spent (this line is the same on every agent).
     #[error("{0}")]
     RestartBudget(String),
@@ -81,6 +85,19 @@ pub enum RdzvError {
     State(String),
     #[error("lost the connection to the rendezvous store; it may have been stopped or its host is gone")]
     StoreLost,
+    /// The agent that hosted the store is gone (its port refuses connections), and its workers with it.
+    #[error(
+        "the rendezvous store's host ended: node {node}, whose agent hosted the store at {addr}, is gone (the \
+         port refuses connections) and its workers with it, so the job cannot go on; this node's workers are \
+         stopped: requeue the job"
+    )]
+    StoreHostEnded { node: String, addr: String },
+    /// An external store that refused connections for the whole of a re-formation's patience.
+    #[error(
+        "the rendezvous store at {addr} has refused connections for {waited:?} (its process ended) and this \
+         node needs it to re-form; requeue the job once the store runs again"
+    )]
+    StoreRefused { addr: String, waited: Duration },
 }
 
 /// How long waits last and how many nodes a round needs.
@@ -185,6 +202,10 @@ pub struct Rendezvous<S: Store> {
     events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
     /// What the heartbeat carries besides its count and time: the local ranks' progress.
     note: BeatNote,
+    /// Which agent hosts the store (`ending.rs`).
+    store_host: ending::StoreHost,
+    /// This agent knows the job is closed, and said so in the store.
+    closure_acked: std::sync::atomic::AtomicBool,
 }
 
 /// The local ranks' last progress as the heartbeat carries it (`(global rank, unix ms)`), kept current by
@@ -216,6 +237,8 @@ impl<S: Store> Rendezvous<S> {
             round_raw: Vec::new(),
             events: None,
             note: BeatNote::default(),
+            store_host: ending::StoreHost::Unknown,
+            closure_acked: std::sync::atomic::AtomicBool::new(false),
         }
     }
 
@@ -293,14 +316,20 @@ impl<S: Store> Rendezvous<S> {
         self.restarts = restarts;
     }
 
-    /// Whether the job is closed, and why.
+    /// Whether the job is closed, and why (once known, acknowledged for the store's host).
     async fn closure(&self) -> Result<Option<Closure>, RdzvError> {
-        Ok(self.store.get(&self.key("closed")).await?.map(|v| Closure::decode(&v)))
+        let closure = self.store.get(&self.key("closed")).await?.map(|v| Closure::decode(&v));
+        if closure.is_some() {
+            self.acknowledge_closure().await;
+        }
+        Ok(closure)
     }
 
-    /// Ends the job for every agent with `line`: its restart budget is spent.
-    async fn close_for(&self, line: &str) -> Result<(), RdzvError> {
-        Ok(self.store.set(&self.key("closed"), &Closure::OverBudget(line.to_string()).encode()).await?)
+    /// Ends the job for every agent with `closure`.
+    async fn close_with(&self, closure: &Closure) -> Result<(), RdzvError> {
+        self.store.set(&self.key("closed"), &closure.encode()).await?;
+        self.acknowledge_closure().await;
+        Ok(())
     }
 
     /// The round counter: its raw value (for compare-and-set), the round, and how many nodes it expects.
@@ -316,7 +345,7 @@ impl<S: Store> Rendezvous<S> {
     pub async fn publish(&self, name: &str, value: &[u8]) -> Result<(), RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let key = self.key(&format!("r/{round}/{name}"));
-        let mut retry = Retry::new("publishing", self.settings.store_timeout);
+        let mut retry = self.retry("publishing");
         loop {
             match self.store.set(&key, value).await {
                 Err(e) => retry.after(e.into()).await?,
@@ -365,8 +394,9 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
-    /// Marks the job closed: nodes still joining or waiting give up.
-    pub async fn close(&self) -> Result<(), RdzvError> {
-        Ok(self.store.set(&self.key("closed"), &Closure::Finished.encode()).await?)
+    /// Marks the job closed: nodes still joining or waiting give up. `failed`: this node failed for good,
+    /// with the line the others end with.
+    pub async fn close(&self, failed: Option<String>) -> Result<(), RdzvError> {
+        self.close_with(&failed.map_or(Closure::Finished, Closure::Failed)).await
     }
 }

@@ -28,9 +28,33 @@ pub(super) fn is_connection_error(e: &RdzvError) -> bool {
                 | StoreError::Timeout { .. }
                 | StoreError::Connect { .. }
                 | StoreError::Broken { .. }
+                | StoreError::Refused { .. }
                 | StoreError::Unreachable { .. }
         )
     )
+}
+
+/// What a store that refuses connections (nothing listens on its port: its process ended) means to an
+/// operation that needs it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum OnRefusal {
+    /// The store was hosted by the agent of node `node`, which is gone with its workers: the job cannot
+    /// go on as it is.
+    HostEnded { node: String },
+    /// An external store (or one whose host is not known): it may be restarting, so it is asked again for
+    /// this long, then given up.
+    Wait(Duration),
+}
+
+/// The end of a retried operation that met a refusal at `now`, first met at `since`: `None` to go on.
+pub(super) fn refusal_ends(on: &OnRefusal, addr: &str, since: Instant, now: Instant) -> Option<RdzvError> {
+    match on {
+        OnRefusal::HostEnded { node } => Some(RdzvError::StoreHostEnded { node: node.clone(), addr: addr.to_string() }),
+        OnRefusal::Wait(patience) if now >= since + *patience => {
+            Some(RdzvError::StoreRefused { addr: addr.to_string(), waited: *patience })
+        }
+        OnRefusal::Wait(_) => None,
+    }
 }
 
 /// What to do after a failed attempt.
@@ -64,18 +88,31 @@ pub(super) struct Retry {
     timeout: Duration,
     deadline: Option<Instant>,
     attempt: u32,
+    on_refusal: OnRefusal,
+    /// Since when every attempt was refused.
+    refused_since: Option<Instant>,
 }
 
 impl Retry {
     /// `what` names the operation in the log line; `timeout` is `store_timeout`.
-    pub(super) fn new(what: &'static str, timeout: Duration) -> Retry {
-        Retry { what, timeout, deadline: None, attempt: 0 }
+    pub(super) fn new(what: &'static str, timeout: Duration, on_refusal: OnRefusal) -> Retry {
+        Retry { what, timeout, deadline: None, attempt: 0, on_refusal, refused_since: None }
     }
 
     /// After a failed attempt: returns (after the back-off) when the operation should be tried again, or
     /// the error it ends with.
     pub(super) async fn after(&mut self, e: RdzvError) -> Result<(), RdzvError> {
         let now = Instant::now();
+        match &e {
+            RdzvError::Store(StoreError::Refused { addr }) => {
+                let since = *self.refused_since.get_or_insert(now);
+                if let Some(end) = refusal_ends(&self.on_refusal, &addr.to_string(), since, now) {
+                    tracing::debug!("the rendezvous store refuses connections while {}", self.what);
+                    return Err(end);
+                }
+            }
+            _ => self.refused_since = None,
+        }
         let deadline = *self.deadline.get_or_insert(now + self.timeout);
         let jitter = (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0;
         match decide(&e, self.attempt, jitter, now, deadline) {
@@ -132,6 +169,7 @@ mod tests {
             (store(StoreError::Timeout { addr, op: "add", timeout: d }), true),
             (store(StoreError::Connect { addr, timeout: d, last: "refused".into() }), true),
             (store(StoreError::Broken { addr }), true),
+            (store(StoreError::Refused { addr }), true),
             (store(StoreError::Unreachable { endpoints: "e".into(), op: "get", last: "refused".into() }), true),
             (store(StoreError::Etcd { endpoint: "e".into(), code: 3, message: "bad".into() }), false),
             (store(StoreError::Tls { endpoint: "e".into(), reason: "no cert".into() }), false),
@@ -147,6 +185,29 @@ mod tests {
         ];
         for (e, retried) in table {
             assert_eq!(is_connection_error(&e), retried, "{e}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_ends_a_hosted_store_at_once_and_an_external_one_after_its_patience() {
+        let at = Instant::now();
+        let s = |n: u64| at + Duration::from_secs(n);
+        let host = OnRefusal::HostEnded { node: "n0_7_0".into() };
+        let external = OnRefusal::Wait(Duration::from_secs(15));
+        // (policy, first refused, now) -> the error it ends with, if any
+        let table: [(&OnRefusal, Instant, Instant, Option<&str>); 4] = [
+            (&host, at, at, Some("node n0_7_0, whose agent hosted the store at n0:29500, is gone")),
+            (&external, at, at, None),
+            (&external, at, s(14), None),
+            (&external, at, s(15), Some("refused connections for 15s")),
+        ];
+        for (on, since, now, want) in table {
+            let got = refusal_ends(on, "n0:29500", since, now).map(|e| e.to_string());
+            match (want, &got) {
+                (None, None) => {}
+                (Some(w), Some(g)) => assert!(g.contains(w), "{on:?}: {g}"),
+                _ => panic!("{on:?} at {:?}: {got:?}", now - since),
+            }
         }
     }
 

@@ -434,7 +434,7 @@ pub(super) mod shared {
         let mut lonely = agent(&b, "a", 1, s).await;
         let err = lonely.next_round().await.expect_err("timeout");
         assert!(matches!(err, RdzvError::Timeout { joined: 1, min: 2, .. }), "{err}");
-        lonely.close().await.expect("close");
+        lonely.close(None).await.expect("close");
         let mut late = agent(&b, "b", 1, settings(2, 2)).await;
         assert!(matches!(late.next_round().await, Err(RdzvError::Closed(_))));
     }

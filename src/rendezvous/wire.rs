@@ -43,28 +43,35 @@ impl Fingerprint {
     }
 }
 
-/// Why the job is closed (`closed`): it ended (finished, or failed on a node out of restarts), or its
-/// restart budget is spent, with the line every agent ends with.
+/// Why the job is closed (`closed`): it finished, it failed on a node out of restarts (with that node's
+/// line), or its restart budget is spent (with the line every agent ends with).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Closure {
     Finished,
+    Failed(String),
     OverBudget(String),
 }
 
 const OVER_BUDGET: &str = "over budget: ";
+const FAILED: &str = "failed: ";
 
 impl Closure {
     pub(super) fn encode(&self) -> Vec<u8> {
         match self {
             Closure::Finished => b"1".to_vec(),
+            Closure::Failed(line) => format!("{FAILED}{line}").into_bytes(),
             Closure::OverBudget(line) => format!("{OVER_BUDGET}{line}").into_bytes(),
         }
     }
 
-    /// Any other value is a close as agents before the budget wrote it (`1`).
+    /// Any other value is a close as agents before the reasons wrote it (`1`).
     pub(super) fn decode(v: &[u8]) -> Closure {
-        match std::str::from_utf8(v).ok().and_then(|t| t.strip_prefix(OVER_BUDGET)) {
-            Some(line) => Closure::OverBudget(line.to_string()),
+        let text = std::str::from_utf8(v).unwrap_or_default();
+        if let Some(line) = text.strip_prefix(OVER_BUDGET) {
+            return Closure::OverBudget(line.to_string());
+        }
+        match text.strip_prefix(FAILED) {
+            Some(line) => Closure::Failed(line.to_string()),
             None => Closure::Finished,
         }
     }
@@ -73,6 +80,7 @@ impl Closure {
     pub fn error(self, run_id: &str) -> RdzvError {
         match self {
             Closure::Finished => RdzvError::Closed(run_id.to_string()),
+            Closure::Failed(line) => RdzvError::FailedElsewhere(line),
             Closure::OverBudget(line) => RdzvError::RestartBudget(line),
         }
     }

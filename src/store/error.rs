@@ -26,6 +26,14 @@ pub enum StoreError {
         last: String,
     },
 
+    /// A connection that worked before cannot be made again: the host answers, but nothing listens on the
+    /// store's port any more. Its process ended (a restarted one listens again).
+    #[error(
+        "the store at {addr} refuses connections: its host answers but nothing listens on the port any more \
+         (the store's process ended)"
+    )]
+    Refused { addr: SocketAddr },
+
     #[error("the store at {addr} answered PING with {got:#x} instead of {expected:#x}; is it a TCPStore?")]
     Handshake {
         addr: SocketAddr,

@@ -42,7 +42,8 @@ pub trait Store: Send + Sync + 'static {
     /// it tells this handle that the store still answers.
     fn ping(&self, key: &str, timeout: Duration) -> impl Future<Output = Result<(), StoreError>> + Send;
     /// Whether the network still leads to the store, asked on a fresh connection within `timeout`: a host
-    /// that completes (or refuses) a TCP handshake is there, whatever its store process does.
+    /// that completes (or refuses) a TCP handshake is there, whatever its store process does; a refusal
+    /// from every endpoint also says that no store listens there.
     fn reach(&self, timeout: Duration) -> impl Future<Output = Reach> + Send;
     /// A key deleted when this handle's owner goes away.
     fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
@@ -60,6 +61,9 @@ pub enum Reach {
     /// The store's host answered at the TCP level: its process may be stopped or overloaded, but this node
     /// is not cut off from it.
     Path,
+    /// The host answered with a refusal: nothing listens on the store's port (its process ended), but
+    /// this node is not cut off from it.
+    Refused,
     /// No handshake completed in time (no SYN-ACK, no RST, or no route): this node is cut off.
     NoPath,
 }

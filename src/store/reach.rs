@@ -10,7 +10,8 @@ use tokio::net::TcpStream;
 
 use super::Reach;
 
-/// [`Reach::Path`] when any of `endpoints` (`host:port`) completes or refuses a handshake within `timeout`.
+/// [`Reach::Path`] when any of `endpoints` (`host:port`) completes a handshake within `timeout`,
+/// [`Reach::Refused`] when none does but one refuses it, else [`Reach::NoPath`].
 pub async fn reach_any(endpoints: &[String], timeout: Duration) -> Reach {
     let mut attempts = tokio::task::JoinSet::new();
     // Three handshakes to each at once: one lost SYN (a lossy link) must not read as a cut.
@@ -18,17 +19,20 @@ pub async fn reach_any(endpoints: &[String], timeout: Duration) -> Reach {
         attempts.spawn(async move {
             match tokio::time::timeout(timeout, TcpStream::connect(endpoint.as_str())).await {
                 Ok(Ok(_)) => Reach::Path,
-                Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => Reach::Path,
+                Ok(Err(e)) if e.kind() == ErrorKind::ConnectionRefused => Reach::Refused,
                 Ok(Err(_)) | Err(_) => Reach::NoPath,
             }
         });
     }
+    let mut best = Reach::NoPath;
     while let Some(found) = attempts.join_next().await {
-        if matches!(found, Ok(Reach::Path)) {
-            return Reach::Path;
+        match found {
+            Ok(Reach::Path) => return Reach::Path,
+            Ok(Reach::Refused) => best = Reach::Refused,
+            Ok(Reach::NoPath) | Err(_) => {}
         }
     }
-    Reach::NoPath
+    best
 }
 
 #[cfg(test)]
@@ -44,8 +48,9 @@ mod tests {
             l.local_addr().expect("addr").to_string()
         };
         let t = Duration::from_secs(2);
-        assert_eq!(reach_any(&[open], t).await, Reach::Path);
-        assert_eq!(reach_any(&[closed], t).await, Reach::Path, "a refusal comes from a host that is there");
+        assert_eq!(reach_any(std::slice::from_ref(&open), t).await, Reach::Path);
+        assert_eq!(reach_any(&[closed.clone()], t).await, Reach::Refused, "a refusal comes from a host that is there");
+        assert_eq!(reach_any(&[closed, open.clone()], t).await, Reach::Path, "one store that answers is enough");
         assert_eq!(reach_any(&[], t).await, Reach::NoPath);
         // A host that answers nothing at all is the netns tests' (tests/it/partition.rs): traffic here stays on
         // loopback, where every host answers.

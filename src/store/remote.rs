@@ -82,7 +82,7 @@ impl RemoteStore {
         if let Some(mux) = self.working() {
             return Ok(mux);
         }
-        let mux = Mux::connect(self.addr, &self.token, self.timeout).await?.with_timeout(self.timeout);
+        let mux = Mux::reconnect(self.addr, &self.token, self.timeout).await?.with_timeout(self.timeout);
         let keys = self.sessions().clone();
         for (key, value) in &keys {
             mux.post(&Request::SetSession { key: &wire(key), value }, "set_session").await?;

@@ -31,6 +31,7 @@ mod plan;
 mod preemption;
 mod slurm;
 mod status;
+mod store_host;
 mod store_interop;
 mod supervision;
 mod timer;

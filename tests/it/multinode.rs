@@ -261,20 +261,6 @@ fn an_unreachable_endpoint_fails_clearly_after_join_timeout() {
 }
 
 #[test]
-fn a_killed_store_host_fails_every_agent_clearly_and_leaves_no_orphan() {
-    let job = Job::new();
-    // A store that does not answer is asked again for read_timeout (it may be restarting): 5 s here.
-    let mut agents = job.start(&["a", "b"], "2", 1, "last_call_timeout=1,read_timeout=5", &[]);
-    let world = wait_world(job.path(), 2, 2);
-    // SAFETY: plain kill(2).
-    unsafe { libc::kill(agents[0].guard.pid(), libc::SIGKILL) };
-    assert_eq!(agents[1].exit_code(LONG), Some(3), "the store was lost: {}", agents[1].log());
-    assert!(agents[1].log().contains("lost the connection to the rendezvous store"), "{}", agents[1].log());
-    let pids: Vec<i32> = world.iter().map(|s| s.pid).collect();
-    assert!(eventually(Duration::from_secs(5), || pids.iter().all(|p| !alive(*p))), "orphans: {pids:?}");
-}
-
-#[test]
 fn static_rendezvous_uses_node_ranks_and_the_master_port() {
     let dir = tempfile::tempdir().unwrap();
     // Static needs a port known to every node in advance, as with torchrun's --master-port.

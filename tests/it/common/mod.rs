@@ -5,6 +5,7 @@ pub mod cluster;
 pub mod etcd;
 pub mod gpus;
 pub mod netns;
+pub mod repeat;
 
 #[path = "../../../fake-nvml/tests/support/mod.rs"]
 pub mod fake_nvml;

@@ -27,7 +27,7 @@ impl Client {
     /// accepts and then closes or answers garbage [`FOREIGN_ATTEMPTS`] times in a row is another
     /// program on the port ([`StoreError::NotAStore`]), reported at once.
     pub async fn connect(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
-        retry(addr, timeout, || Client::handshake(addr, timeout)).await
+        retry(addr, timeout, OnRefused::Wait, || Client::handshake(addr, timeout)).await
     }
 
     async fn handshake(addr: SocketAddr, timeout: Duration) -> Result<Client, StoreError> {
@@ -61,12 +61,27 @@ impl Client {
     }
 }
 
+/// What a refused connection means to [`retry`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(in crate::store::tcp) enum OnRefused {
+    /// The store is not up yet: a first connection.
+    Wait,
+    /// The store that answered before is gone ([`StoreError::Refused`] at once): a reconnection. Its
+    /// host's kernel answers for a port nobody listens on; a busy store drops SYNs instead of refusing.
+    Final,
+}
+
 /// Runs `handshake` until it succeeds, retrying with jittered exponential backoff until `timeout`: a
-/// refused connection, a full accept queue or a silent peer is a store not up (or too busy) yet, so a
-/// burst of thousands of agents all get in; a peer that accepts and then closes or answers garbage
-/// [`FOREIGN_ATTEMPTS`] times in a row is another program on the port, reported at once. A wrong job token
-/// is final.
-pub(in crate::store::tcp) async fn retry<T, F, Fut>(addr: SocketAddr, timeout: Duration, handshake: F) -> Result<T, StoreError>
+/// refused connection (unless `refused` says it is final), a full accept queue or a silent peer is a store
+/// not up (or too busy) yet, so a burst of thousands of agents all get in; a peer that accepts and then
+/// closes or answers garbage [`FOREIGN_ATTEMPTS`] times in a row is another program on the port, reported
+/// at once. A wrong job token is final.
+pub(in crate::store::tcp) async fn retry<T, F, Fut>(
+    addr: SocketAddr,
+    timeout: Duration,
+    refused: OnRefused,
+    handshake: F,
+) -> Result<T, StoreError>
 where
     F: Fn() -> Fut,
     Fut: std::future::Future<Output = Result<T, StoreError>>,
@@ -78,6 +93,11 @@ where
         let last = match timeout_at(deadline, handshake()).await {
             Ok(Ok(client)) => return Ok(client),
             Ok(Err(err @ StoreError::WrongToken { .. })) => return Err(err),
+            Ok(Err(StoreError::Io { op: "connect", source, .. }))
+                if refused == OnRefused::Final && source.kind() == std::io::ErrorKind::ConnectionRefused =>
+            {
+                return Err(StoreError::Refused { addr })
+            }
             Ok(Err(err)) => {
                 match foreign_answer(&err) {
                     Some(answer) if foreign + 1 >= FOREIGN_ATTEMPTS => {

@@ -261,7 +261,7 @@ async fn full_listener() -> (std::net::TcpListener, SocketAddr, tokio::net::TcpS
 #[tokio::test(start_paused = true)]
 async fn a_connect_whose_syn_is_dropped_is_made_again_once_the_queue_has_room() {
     let (listener, addr, _queued) = full_listener().await;
-    let connecting = tokio::spawn(connect::retry(addr, Duration::from_secs(600), move || connect::open(addr)));
+    let connecting = tokio::spawn(connect::retry(addr, Duration::from_secs(600), connect::OnRefused::Wait, move || connect::open(addr)));
     // Past the first attempt's bound (its SYN dropped), then the listener starts accepting.
     tokio::time::sleep(connect::CONNECT_ATTEMPT * 2).await;
     assert!(!connecting.is_finished(), "got in while the accept queue was full");

@@ -20,7 +20,7 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use super::client::connect::{open, retry};
+use super::client::connect::{open, retry, OnRefused};
 use super::frame::{Reply, ReplyDecoder, ReplyShape, Request, WatchMode, HELLO_OK, HELLO_VERSION};
 use crate::store::StoreError;
 
@@ -93,7 +93,13 @@ impl Mux {
     /// Connects and says `HELLO` with `token`, retrying as [`super::Client::connect`] until `timeout`,
     /// which then bounds every request.
     pub async fn connect(addr: SocketAddr, token: &[u8], timeout: Duration) -> Result<Mux, StoreError> {
-        retry(addr, timeout, || Mux::handshake(addr, token, timeout)).await
+        retry(addr, timeout, OnRefused::Wait, || Mux::handshake(addr, token, timeout)).await
+    }
+
+    /// Connects again to a store that answered before: as [`Mux::connect`], but a refused connection is
+    /// [`StoreError::Refused`] at once (the store's process ended), not a store still starting.
+    pub async fn reconnect(addr: SocketAddr, token: &[u8], timeout: Duration) -> Result<Mux, StoreError> {
+        retry(addr, timeout, OnRefused::Final, || Mux::handshake(addr, token, timeout)).await
     }
 
     async fn handshake(addr: SocketAddr, token: &[u8], timeout: Duration) -> Result<Mux, StoreError> {
