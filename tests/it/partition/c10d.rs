@@ -8,7 +8,7 @@ use crate::common::netns::Net;
 use crate::common::{alive, eventually};
 use super::cut::{check_rounds, expect_cut};
 use super::job::{Job, Rdzv};
-use super::{epoch, max_overlap, round3, scenario, Checks, Seen, FAST, STORE_PORT};
+use super::{epoch, max_overlap, now, round3, scenario, Checks, Seen, DEFAULT_KEEP_ALIVE, FAST, STORE_PORT};
 
 /// Three agents on three hosts, the store hosted by host 0's agent; host 2 is hit by `fault`: the
 /// expectations of a cut (with `late` s more for the survivors' re-form), then the survivors finish.
@@ -86,6 +86,36 @@ fn a_cut_node_healed_in_time_rejoins_as_a_newcomer_with_the_highest_group_rank()
     check_rounds(&job, &mut checks);
     job.assert_checks(checks, t_cut, &format!("the cut; heal at {:+.3}", t_heal - t_cut));
     job.expect_finished(&[0, 1, 2]);
+}
+
+/// (d) The agent hosting the store on host 0 is SIGKILLed while its host stays up, with the default
+/// keep-alive (W = 15 s, read_timeout 60 s): host 0's kernel refuses the others' connections, which says the
+/// store went with its agent (and its workers with it). Both others stop their workers and exit 3 within
+/// the liveness window, saying the store's host ended, instead of waiting out read_timeout.
+#[test]
+fn a_killed_store_host_agent_ends_the_others_with_3_within_the_window() {
+    let (_serial, mut report) = scenario("c10d-store-host-agent-killed");
+    let net = Net::new(3);
+    let mut job = Job::c10d(&net, DEFAULT_KEEP_ALIVE);
+    job.settled(&[0, 1, 2]);
+    let t_kill = now();
+    job.node(0).agent.kill9();
+    let bound = Duration::from_secs_f64(DEFAULT_KEEP_ALIVE.w());
+    let mut checks = Checks::default();
+    let mut last = 0.0f64;
+    for h in [1, 2] {
+        let exit = job.wait_exit(h, cluster::LONG);
+        let took = exit.map(|(t, _)| t - t_kill);
+        last = last.max(took.unwrap_or(f64::INFINITY));
+        checks.check(exit.is_some_and(|(_, code)| code == Some(3)), || format!("h{h} exited {exit:?}, not 3"));
+        checks.check(took.is_some_and(|t| t < bound.as_secs_f64()), || format!("h{h} exited {took:?} s after the kill, not within W"));
+        let log = job.node(h).agent.log();
+        checks.check(log.contains("the rendezvous store's host ended: node"), || format!("h{h} does not say the store's host ended"));
+    }
+    report.set("members_exit_s", round3(last));
+    let workers: Vec<i32> = job.sampler.seen().iter().map(|w| w.pid).collect();
+    checks.check(eventually(Duration::from_secs(5), || workers.iter().all(|p| !alive(*p))), || "a worker outlived its agent".into());
+    job.assert_checks(checks, t_kill, "the kill of the store's host agent");
 }
 
 /// (c) An external `muster store` on host 0 and agents on hosts 1-3; the host of the agent with GROUP_RANK
