@@ -144,6 +144,31 @@ fn kill_9_of_an_agent_reforms_the_survivors_without_spending_a_restart() {
     }
 }
 
+/// A third agent for `--nnodes 1:2` waits as a hot spare (the group is full) and takes the place of a node
+/// that is lost; the job goes on at two nodes. (NVIDIA's launcher closes the rendezvous and ends the job.)
+#[test]
+fn a_third_agent_for_two_nodes_waits_as_a_spare_and_replaces_a_lost_node() {
+    let job = Job::new();
+    let mut agents = job.start(&["a", "b"], "1:2", 1, "last_call_timeout=1", &[]);
+    let first = wait_world(job.path(), 2, 2);
+    let port = agents[0].hosted_port();
+    agents.push(job.join("c", port, "1:2", 1, "last_call_timeout=1", &[]));
+    let spare = eventually(LONG, || agents[2].log().contains("waiting for the next one"));
+    assert!(spare, "c does not wait as a spare: {}", agents[2].log());
+    assert!(starts(job.path()).iter().all(|s| s.node != "c"), "the spare started a worker in a full group");
+    let b_workers: Vec<i32> = first.iter().filter(|s| s.node == "b").map(|s| s.pid).collect();
+    agents[1].kill9();
+    assert!(eventually(Duration::from_secs(5), || b_workers.iter().all(|p| !alive(*p))), "b's workers outlived it");
+    let after = wait_world(job.path(), 2, 4);
+    let nodes: Vec<&str> = after.iter().skip(2).map(|s| s.node.as_str()).collect();
+    assert!(nodes.contains(&"a") && nodes.contains(&"c"), "the spare did not take b's place: {after:?}");
+    job.finish();
+    agents.remove(1);
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+}
+
 /// With `--warm-spares`, the survivors' new workers are the spares (torch already imported), in the smaller
 /// world; the killed agent's spares die with it.
 #[test]
