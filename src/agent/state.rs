@@ -9,7 +9,7 @@ use nix::sys::signal::Signal;
 use super::AgentError;
 use crate::gpu::health::Fault;
 use crate::observe::record::{InputRecord, PhaseKind, StateRecord, StopKind};
-use crate::rendezvous::RdzvEvent;
+use crate::rendezvous::{RdzvError, RdzvEvent};
 use crate::supervisor::failure::ProcessFailure;
 
 /// What the node is doing. Each phase but `Done` has exactly one operation ([`Op`]).
@@ -370,10 +370,13 @@ impl State {
             Phase::Running => Op::Watch,
             Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
             Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
-            // A hung collective cannot complete, so neither can a checkpoint that needs one.
-            Phase::Stopping(Cause::Membership(_) | Cause::Restart { hang: true, .. }) => {
-                Op::Stop(Signal::SIGTERM, Grace::Membership)
-            }
+            // A hung collective cannot complete, so neither can a checkpoint that needs one; nor can one
+            // whose peers went with the store's host.
+            Phase::Stopping(
+                Cause::Membership(_)
+                | Cause::Restart { hang: true, .. }
+                | Cause::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })),
+            ) => Op::Stop(Signal::SIGTERM, Grace::Membership),
             Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
             Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),

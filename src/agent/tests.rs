@@ -137,6 +137,24 @@ fn a_preemption_warning_then_the_stop() {
     assert_eq!(state.restart_count, 0, "a preemption spends no restart");
 }
 
+#[test]
+fn the_store_host_gone_stops_with_the_membership_grace_and_a_failure_closes_with_its_line() {
+    let mut state = State::new(job());
+    state.phase = Phase::Running;
+    let gone = RdzvError::StoreHostEnded { node: "n0_7_0".into(), addr: "n0:29400".into() };
+    run(&mut state, vec![Input::Failed(AgentError::Rendezvous(gone))]);
+    // Its peers went with the store's host: no collective, nor a collective checkpoint, can complete.
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, Grace::Membership));
+    run(&mut state, vec![Input::Stopped(Vec::new())]);
+    assert!(matches!(&state.phase, Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })))));
+    let mut state = State::new(job());
+    state.phase = Phase::Finishing(End::Failed(vec![failure(1)]));
+    let Op::Finish { barrier: false, failed: Some(line) } = state.op() else { panic!("{:?}", state.op()) };
+    assert!(line.contains("(local_rank 1) exited with 1, restarts spent (--max-restarts"), "{line}");
+    state.phase = Phase::Finishing(End::Succeeded);
+    assert_eq!(state.op(), Op::Finish { barrier: true, failed: None });
+}
+
 fn run(state: &mut State, inputs: Vec<Input>) -> Vec<Effect> {
     inputs.into_iter().flat_map(|i| step(state, i)).collect()
 }
