@@ -117,10 +117,11 @@ impl Retry {
         let jitter = (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0;
         match decide(&e, self.attempt, jitter, now, deadline) {
             Next::Retry(wait) => {
-                // etcd's client says an outage itself, once for all its users.
-                let said = matches!(e, RdzvError::Store(StoreError::Unreachable { .. }));
+                // etcd's client says an outage itself, once for all its users; a refusal is said by its end
+                // (`refusal_ends`) or by the watch of the round.
+                let said = matches!(e, RdzvError::Store(StoreError::Unreachable { .. } | StoreError::Refused { .. }));
                 if self.attempt == 0 && said {
-                    tracing::debug!("etcd does not answer while {} ({e}); retrying", self.what);
+                    tracing::debug!("the store does not answer while {} ({e}); retrying", self.what);
                 } else if self.attempt == 0 {
                     tracing::warn!(
                         "the rendezvous store does not answer while {} ({e}); retrying for up to read_timeout ({:?})",

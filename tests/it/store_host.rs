@@ -267,3 +267,41 @@ fn a_member_stopped_by_a_signal_leaves_and_the_others_reform() {
 fn a_killed_member_is_lost_and_the_others_reform() {
     play_ending(Ending::Killed, MEMBER);
 }
+
+/// An external `muster store` that ends: the training nodes are healthy, so their workers keep training and
+/// each agent says so once; the first re-formation (a worker crash) ends its agent with 3 after one liveness
+/// window (W = 3 s here), not after read_timeout (60 s); an agent that needs no re-formation finishes.
+#[test]
+fn an_external_store_that_ends_leaves_the_workers_training_until_a_reformation_needs_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cmd = muster();
+    cmd.args(["store", "--host", "127.0.0.1", "--port", "0"]).stdout(std::process::Stdio::piped());
+    let mut store = Guard::spawn(cmd.stderr(std::process::Stdio::null()));
+    let stdout = lines_of(store.0.stdout.take().expect("stdout"));
+    let listening = stdout.recv_timeout(LONG).expect("muster store says where it listens");
+    let endpoint = listening.rsplit(' ').next().expect("an address").to_string();
+    let args = AgentArgs::c10d("2", &endpoint)
+        .nproc(1)
+        .conf("is_host=0,last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=3")
+        .run_id(format!("ext{}", std::process::id()))
+        .opts(["--shutdown-timeout=5", "--max-restarts=3"])
+        .script(fixture("incident_worker.py"))
+        .arg(dir.path())
+        .build();
+    let mut agents: Vec<Agent> = ["b", "c"].iter().map(|n| Agent::start(n, &args)).collect();
+    let world = wait_world(dir.path(), 2, 2);
+    // SAFETY: plain kill(2) of a process this test started.
+    unsafe { libc::kill(store.pid(), libc::SIGKILL) };
+    let said = "refuses connections: its process ended; the workers keep training";
+    assert!(eventually(LONG, || agents.iter().all(|a| a.log().contains(said))), "not said: {}", agents[0].log());
+    assert!(world.iter().all(|s| alive(s.pid)), "a worker was stopped although training needs no store");
+    std::fs::write(dir.path().join("crash-b"), "").expect("crash b's worker");
+    let b = &mut agents[0];
+    assert_eq!(b.exit_code(LONG), Some(3), "{}", b.log());
+    assert!(b.log().contains("has refused connections for 3s (its process ended) and this node needs it to re-form"), "{}", b.log());
+    assert_eq!(b.log().matches(said).count(), 1, "said more than once: {}", b.log());
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    let c = &mut agents[1];
+    assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());
+    assert_eq!(starts(dir.path()).len(), 2, "a worker started without the store: {:?}", starts(dir.path()));
+}
