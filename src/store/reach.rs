@@ -49,7 +49,7 @@ mod tests {
         };
         let t = Duration::from_secs(2);
         assert_eq!(reach_any(std::slice::from_ref(&open), t).await, Reach::Path);
-        assert_eq!(reach_any(&[closed.clone()], t).await, Reach::Refused, "a refusal comes from a host that is there");
+        assert_eq!(reach_any(std::slice::from_ref(&closed), t).await, Reach::Refused, "a refusal comes from a host that is there");
         assert_eq!(reach_any(&[closed, open.clone()], t).await, Reach::Path, "one store that answers is enough");
         assert_eq!(reach_any(&[], t).await, Reach::NoPath);
         // A host that answers nothing at all is the netns tests' (tests/it/partition.rs): traffic here stays on
