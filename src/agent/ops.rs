@@ -192,6 +192,7 @@ impl Work {
     /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
     /// user's hook (bounded).
     async fn drain(&mut self, fault: &Fault) -> Input {
+        self.rendezvous.record_drain().await;
         if let Err(e) = self.rendezvous.leave().await {
             tracing::warn!("cannot leave the rendezvous: {e}");
         }

@@ -162,6 +162,7 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         node_rank: cfg.pref_rank,
         strict_rank: static_rdzv,
         restart_budget: cfg.restart_budget.clone(),
+        exclude_after: cfg.exclude_after.clone(),
     }
 }
 
@@ -180,5 +181,6 @@ fn fingerprint(cfg: &LaunchConfig) -> Fingerprint {
         nproc_spec: cfg.nproc_spec.clone(),
         nnodes: format!("{}:{}", cfg.min_nodes, cfg.max_nodes),
         restart_budget: cfg.restart_budget.as_ref().map(|b| b.spec()).unwrap_or_default(),
+        exclude_after: cfg.exclude_after.as_ref().map(|b| b.spec()).unwrap_or_default(),
     }
 }

@@ -161,6 +161,7 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
         node_rank: None,
         strict_rank: false,
         restart_budget: None,
+            exclude_after: None,
     };
     let outcome = runtime.block_on(async {
         let (service, connect, store) = backend::start(&plan, &settings, timeout).await?;

@@ -43,6 +43,7 @@ pub(super) async fn simulate(
         nproc_spec: nproc.to_string(),
         nnodes: format!("{nodes}:{nodes}"),
         restart_budget: String::new(),
+        exclude_after: String::new(),
     };
 
     // How many nodes got through register(), for the diagnosis when the run times out.

@@ -112,6 +112,13 @@ pub struct Cli {
     #[arg(long = "job-max-restarts", env = "MUSTER_JOB_MAX_RESTARTS", value_name = "N[/WINDOW]")]
     pub job_max_restarts: Option<String>,
 
+    /// muster: keep out a host that caused K incidents of the job (within WINDOW: `2/1h`): its worker failed
+    /// first in a restarted round, its GPU faulted, its ranks hung, or it drained. Recorded in the rendezvous
+    /// store with each incident; the host is refused at its next join (exit code 75) and the job goes on
+    /// without it. `muster status` lists the hosts kept out; `muster status --readmit HOST` lets one back in.
+    #[arg(long = "exclude-after", env = "MUSTER_EXCLUDE_AFTER", value_name = "K[/WINDOW]")]
+    pub exclude_after: Option<String>,
+
     /// Accepted for compatibility (must be > 0): muster notices worker exits and peer changes as they happen.
     #[arg(long = "monitor-interval", alias = "monitor_interval", env = "PET_MONITOR_INTERVAL",
           default_value = "0.1", value_parser = positive_seconds, allow_hyphen_values = true)]

@@ -69,6 +69,8 @@ pub struct LaunchConfig {
     pub max_restarts: u32,
     /// `--job-max-restarts`: the job-wide restart budget, counted in the rendezvous store.
     pub restart_budget: Option<crate::rendezvous::RestartBudget>,
+    /// `--exclude-after`: how many incidents keep a host out (same syntax as the budget).
+    pub exclude_after: Option<crate::rendezvous::RestartBudget>,
     pub role: String,
     pub entrypoint: Entrypoint,
     pub logs: LogConfig,
@@ -211,6 +213,11 @@ impl LaunchConfig {
                 .job_max_restarts
                 .as_deref()
                 .map(|s| s.parse().map_err(|e| bad(format!("invalid value '{s}' for '--job-max-restarts': {e}"))))
+                .transpose()?,
+            exclude_after: cli
+                .exclude_after
+                .as_deref()
+                .map(|s| s.parse().map_err(|e| bad(format!("invalid value '{s}' for '--exclude-after': {e}"))))
                 .transpose()?,
             role: cli.role.clone(),
             entrypoint,

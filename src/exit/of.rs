@@ -40,6 +40,7 @@ fn of_rendezvous(e: &RdzvError) -> u8 {
         | RdzvError::StoreRefused { .. } => RDZV_INCOMPLETE,
         RdzvError::Closed(_) | RdzvError::FailedElsewhere(_) => RDZV_CLOSED,
         RdzvError::RestartBudget(_) => RESTART_BUDGET_SPENT,
+        RdzvError::KeptOut(_) => NODE_UNHEALTHY,
         // The same on every retry: the nodes were started with different settings.
         RdzvError::Mismatch(_) | RdzvError::State(_) => FAILED,
     }
@@ -107,6 +108,7 @@ mod tests {
             ("store refused", rdzv(RdzvError::StoreRefused { addr: "s:29500".into(), waited: Duration::from_secs(15) }), 3),
             ("refused at the store", rdzv(RdzvError::Store(StoreError::Refused { addr: addr() })), 3),
             ("job restart budget spent", rdzv(RdzvError::RestartBudget("the job restarted 3 times".into())), 5),
+            ("a lemon kept out", rdzv(RdzvError::KeptOut("this host (n1) caused 2 incidents".into())), 75),
             ("not a store", store(StoreError::NotAStore { addr: addr(), answer: "HTTP" }), 2),
             ("wrong token", rdzv(RdzvError::Store(StoreError::WrongToken { addr: addr() })), 2),
             ("mismatch", rdzv(RdzvError::Mismatch("--nnodes".into())), 1),

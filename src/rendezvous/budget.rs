@@ -138,17 +138,21 @@ impl RestartBudget {
 }
 
 impl<S: Store> Rendezvous<S> {
-    /// Records the restart this node spends now for the current round (`cause`: what failed) and checks
-    /// the job's budget. Over it, the job is closed with the reason and the error says it: every agent
+    /// Records the restart this node spends now for the current round (`cause`: what failed; with
+    /// `--exclude-after`, this host as its culprit too, `lemons.rs`) and checks the job's budget. Over it, the job is closed with the reason and the error says it: every agent
     /// ends with it. Asked again while the store does not answer, until `store_timeout`.
     pub async fn spend_restart(&self, cause: &str) -> Result<(), RdzvError> {
         let round = self.current.as_ref().map(|c| c.round).unwrap_or(0);
         let now = unix_ms().ok_or_else(|| RdzvError::State("this host's clock is before 1970".into()))?;
         let key = self.key(&format!("{RESTARTS}{round}-{now}-{}", self.me.id));
+        let culprit = self.culprit_key(cause)?;
         let mut retry = self.retry("recording a restart");
         let names = loop {
             let recorded = async {
                 self.store.set(&key, cause.as_bytes()).await?;
+                if let Some(culprit) = &culprit {
+                    self.store.set(culprit, b"1").await?;
+                }
                 self.store.list(&self.key(RESTARTS)).await
             };
             match recorded.await {

@@ -192,6 +192,7 @@ mod tests {
             node_rank: None,
             strict_rank: false,
             restart_budget: None,
+            exclude_after: None,
         }
     }
 

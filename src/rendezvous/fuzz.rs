@@ -109,6 +109,7 @@ fn json_records_and_the_round_counter_decode_without_panics_and_re_encode_the_sa
             nproc_spec: ["1", "gpu", "auto"][rng.below(3) as usize].into(),
             nnodes: format!("{}:{}", rng.below(4), rng.below(4)),
             restart_budget: ["", "2", "10/1h"][rng.below(3) as usize].into(),
+            exclude_after: ["", "2/1h"][rng.below(2) as usize].into(),
         };
         let valid = serde_json::to_vec(&fingerprint).unwrap_or_default();
         if let Ok(decoded) = serde_json::from_slice::<Fingerprint>(&input(&mut rng, valid)) {

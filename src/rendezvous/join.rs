@@ -114,6 +114,7 @@ impl<S: Store> Rendezvous<S> {
         if let Some(closure) = self.closure().await? {
             return Err(closure.error(&self.settings.run_id));
         }
+        self.refuse_a_lemon().await?;
         let (raw, round, expected) = self.read_round().await?;
         let slot = match *taken {
             Some((r, slot)) if r == round && self.holds_slot(round, slot).await? => slot,

@@ -39,6 +39,7 @@ mod ending;
 mod fuzz;
 mod fence;
 mod join;
+mod lemons;
 mod liveness;
 mod retry;
 #[cfg(test)]
@@ -50,6 +51,7 @@ mod wire;
 
 pub use budget::RestartBudget;
 pub use ending::LINGER_INTERVALS;
+pub use lemons::{readmit, Incident, KeptOut};
 pub use fence::Timing;
 pub use liveness::unix_ms;
 pub use view::{read_view, JobRestarts, JobView, NodeView};
@@ -79,6 +81,9 @@ pub enum RdzvError {
     /// The job-wide restart budget is spent (this line is the same on every agent).
     #[error("{0}")]
     RestartBudget(String),
+    /// This host caused `--exclude-after` incidents (the line lists them).
+    #[error("{0}")]
+    KeptOut(String),
     #[error("this node does not match the running job: {0}")]
     Mismatch(String),
     #[error("invalid rendezvous state: {0}")]
@@ -123,6 +128,8 @@ pub struct Settings {
     pub strict_rank: bool,
     /// `--job-max-restarts`: the job's restarts, counted in the store (`budget.rs`).
     pub restart_budget: Option<RestartBudget>,
+    /// `--exclude-after K[/WINDOW]`: a host that caused K incidents (within WINDOW) is kept out (`lemons.rs`).
+    pub exclude_after: Option<RestartBudget>,
 }
 
 /// This agent, as the others see it.

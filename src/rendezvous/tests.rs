@@ -25,6 +25,7 @@ fn settings(max: u32, strict: bool) -> Settings {
         node_rank: None,
         strict_rank: strict,
         restart_budget: None,
+            exclude_after: None,
     }
 }
 
@@ -98,8 +99,8 @@ fn round_values() {
 
 #[test]
 fn fingerprint_differences_name_what_differs() {
-    let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:4".into(), restart_budget: String::new() };
-    let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into(), nnodes: "2:3".into(), restart_budget: String::new() };
+    let job = Fingerprint { entrypoint: "a.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:4".into(), restart_budget: String::new(), exclude_after: String::new() };
+    let me = Fingerprint { entrypoint: "b.py".into(), args: vec![], nproc_spec: "4".into(), nnodes: "2:3".into(), restart_budget: String::new(), exclude_after: String::new() };
     let d = me.differences(&job).join("; ");
     assert!(d.contains("b.py") && d.contains("--nproc-per-node 4"), "{d}");
     assert!(d.contains("--nnodes 2:3 (the job uses 2:4)"), "{d}");
@@ -172,13 +173,14 @@ pub(super) mod shared {
             node_rank: None,
             strict_rank: false,
             restart_budget: None,
+            exclude_after: None,
         }
     }
 
     /// The launch of an agent with these settings, as the agent builds it.
     fn fingerprint(script: &str, s: &Settings) -> Fingerprint {
         let nnodes = format!("{}:{}", s.min_nodes, s.max_nodes);
-        Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into(), nnodes, restart_budget: String::new() }
+        Fingerprint { entrypoint: script.into(), args: vec![], nproc_spec: "1".into(), nnodes, restart_budget: String::new(), exclude_after: String::new() }
     }
 
     pub(in crate::rendezvous) async fn agent<B: Backend>(b: &B, id: &str, nproc: u32, s: Settings) -> Rendezvous<B::S> {

@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashSet};
 use serde::Serialize;
 
 use super::budget::{tally, RestartBudget, RESTARTS};
+use super::lemons::{read_kept_out, KeptOut};
 use super::wire::{parse_round, Closure, Fingerprint, Heartbeat, Record, Seal};
 use super::{unix_ms, RdzvError, KEY_PREFIX};
 use crate::store::Store;
@@ -35,6 +36,8 @@ pub struct JobView {
     /// The last hang verdict (its line), when hang detection found one.
     pub last_hang: Option<String>,
     pub restarts: JobRestarts,
+    /// The hosts `--exclude-after` keeps out (`lemons.rs`).
+    pub kept_out: Vec<KeptOut>,
 }
 
 /// The job's restarts, counted over every node (`budget.rs`), and its budget.
@@ -101,6 +104,7 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
     let (round, expected) = parse_round(&store.get(&key("round")).await?.unwrap_or_default());
     let closure = store.get(&key("closed")).await?.map(|v| Closure::decode(&v));
     let restarts = job_restarts(store, &key(RESTARTS), &fingerprint, closure.as_ref()).await?;
+    let kept_out = read_kept_out(store, &prefix, &fingerprint.exclude_after).await?;
     let mut sealed = None;
     for r in [Some(round), round.checked_sub(1)].into_iter().flatten() {
         if let Some(seal) = store.get(&key(&format!("r/{r}/sealed"))).await? {
@@ -157,6 +161,7 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
         others,
         last_hang: last_hang(store.get(&key(super::board::LAST_KEY)).await?),
         restarts,
+        kept_out,
     };
     read_heartbeats(store, &prefix, &mut view).await?;
     Ok(Some(view))
@@ -217,7 +222,7 @@ mod tests {
 
     async fn agent(store: &MemoryStore, id: &str, restarts: u32) -> Rendezvous<MemoryHandle> {
         let s = settings(1, 3);
-        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "1:3".into(), restart_budget: String::new() };
+        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "1:3".into(), restart_budget: String::new(), exclude_after: String::new() };
         let me = NodeInfo { id: id.into(), addr: format!("10.0.0.{}", id.len()), nproc: 2 };
         let mut r = Rendezvous::new(store.handle(), s, me, fingerprint);
         r.set_restarts(restarts);

@@ -18,6 +18,9 @@ pub struct Fingerprint {
     /// budget, and `muster status` reads it here. Absent from agents before it.
     #[serde(default)]
     pub restart_budget: String,
+    /// `--exclude-after` as written (empty: none): every node keeps the same memory of lemon hosts.
+    #[serde(default)]
+    pub exclude_after: String,
 }
 
 impl Fingerprint {
@@ -38,6 +41,10 @@ impl Fingerprint {
         if self.restart_budget != job.restart_budget {
             let shown = |b: &str| if b.is_empty() { "none".to_string() } else { b.to_string() };
             d.push(format!("--job-max-restarts {} (the job uses {})", shown(&self.restart_budget), shown(&job.restart_budget)));
+        }
+        if self.exclude_after != job.exclude_after {
+            let shown = |b: &str| if b.is_empty() { "none".to_string() } else { b.to_string() };
+            d.push(format!("--exclude-after {} (the job uses {})", shown(&self.exclude_after), shown(&job.exclude_after)));
         }
         d
     }

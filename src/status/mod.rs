@@ -15,14 +15,14 @@ use clap::Parser;
 
 use crate::config::token::{self, TOKEN_ENV};
 use crate::config::{self, RdzvConf};
-use crate::rendezvous::{read_view, unix_ms, RdzvError};
+use crate::rendezvous::{read_view, readmit, unix_ms, RdzvError};
 use crate::store::etcd::{EtcdOptions, EtcdStore};
 use crate::store::remote::RemoteStore;
 use crate::store::{Store, StoreError};
 
 mod snapshot;
 
-pub use snapshot::{JobPhase, NodeState, Row, Snapshot};
+pub use snapshot::{JobPhase, NodeState, Readmitted, Row, Snapshot};
 
 /// Show a running job: its round, members, their states and heartbeats, and the nodes waiting.
 #[derive(Debug, Parser)]
@@ -57,6 +57,10 @@ pub struct StatusArgs {
     /// A file holding the job token [default: --rdzv-conf token_file, else $MUSTER_RDZV_TOKEN].
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
+    /// Lets a host kept out by `--exclude-after` back in (once repaired): forgets its incidents, then shows
+    /// the job. HOST as the table's `kept out:` line names it (the agent's --local-addr).
+    #[arg(long, value_name = "HOST")]
+    readmit: Option<String>,
 }
 
 fn positive_seconds(s: &str) -> Result<Duration, String> {
@@ -124,6 +128,8 @@ pub struct Target {
     backend: Backend,
     run_id: String,
     timeout: Duration,
+    /// `--readmit HOST`.
+    readmit: Option<String>,
 }
 
 #[derive(Debug)]
@@ -169,7 +175,8 @@ pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result
             (format!("{shown}:{port}"), Backend::Tcp { host, port, token })
         }
     };
-    Ok(Target { endpoint, backend, run_id, timeout: args.timeout })
+    let readmit = args.readmit.as_deref().map(str::trim).filter(|h| !h.is_empty()).map(str::to_string);
+    Ok(Target { endpoint, backend, run_id, timeout: args.timeout, readmit })
 }
 
 /// Connects to the store and reads the job, all within `--timeout`: the connect retries until then and
@@ -184,7 +191,7 @@ pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
         Backend::Etcd(options) => {
             // Reads only, so no lease is granted; dropping the handle leaves etcd as it was.
             let store = EtcdStore::connect(options, t.timeout).await.map_err(store_error)?;
-            return tokio::time::timeout_at(deadline, show(&store, &t.endpoint, &t.run_id)).await.map_err(|_| no_answer())?;
+            return tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?;
         }
     };
     let not_found = || std::io::Error::new(std::io::ErrorKind::NotFound, "no address found");
@@ -194,7 +201,26 @@ pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
         .and_then(|mut a| a.next().ok_or_else(not_found))
         .map_err(|source| store_error(StoreError::Resolve { host: host.clone(), source }))?;
     let store = RemoteStore::connect(addr, token, left(), left()).await.map_err(store_error)?;
-    tokio::time::timeout_at(deadline, show(&store, &t.endpoint, &t.run_id)).await.map_err(|_| no_answer())?
+    tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?
+}
+
+/// `--readmit HOST` first (the one write `muster status` makes), then the job.
+async fn readmit_and_show<S: Store>(store: &S, t: &Target) -> Result<Snapshot, StatusError> {
+    let readmitted = match &t.readmit {
+        Some(host) => {
+            let forgotten = readmit(store, &t.run_id, host).await.map_err(|e| view_error(e, &t.endpoint, &t.run_id))?;
+            Some(Readmitted { host: host.clone(), forgotten })
+        }
+        None => None,
+    };
+    Ok(Snapshot { readmitted, ..show(store, &t.endpoint, &t.run_id).await? })
+}
+
+fn view_error(e: RdzvError, endpoint: &str, run_id: &str) -> StatusError {
+    match e {
+        RdzvError::Store(e) => StatusError::from_store(e, endpoint, run_id),
+        source => StatusError::Unreadable { run_id: run_id.to_string(), endpoint: endpoint.to_string(), source },
+    }
 }
 
 /// The job `run_id` as `store` holds it: any [`Store`]. Reads only.
@@ -202,10 +228,7 @@ pub async fn show<S: Store>(store: &S, endpoint: &str, run_id: &str) -> Result<S
     let view = match read_view(store, run_id).await {
         Ok(Some(view)) => view,
         Ok(None) => return Err(StatusError::UnknownRun { run_id: run_id.to_string(), endpoint: endpoint.to_string() }),
-        Err(RdzvError::Store(e)) => return Err(StatusError::from_store(e, endpoint, run_id)),
-        Err(source) => {
-            return Err(StatusError::Unreadable { run_id: run_id.to_string(), endpoint: endpoint.to_string(), source })
-        }
+        Err(e) => return Err(view_error(e, endpoint, run_id)),
     };
     Ok(Snapshot::from_view(&view, endpoint, unix_ms().unwrap_or(0)))
 }
@@ -324,7 +347,7 @@ mod tests {
     async fn an_etcd_job_is_read_without_a_write_or_a_lease() {
         let etcd = TestEtcd::start();
         let agent = etcd.store("/jobs/").await;
-        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "1".into(), nnodes: "1:2".into(), restart_budget: String::new() };
+        let fingerprint = Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "1".into(), nnodes: "1:2".into(), restart_budget: String::new(), exclude_after: String::new() };
         agent.set(&format!("{KEY_PREFIX}j/fingerprint"), &serde_json::to_vec(&fingerprint).unwrap()).await.unwrap();
         agent.set_session(&format!("{KEY_PREFIX}j/alive/n1"), b"1").await.unwrap();
         let before = etcd_state(&etcd.endpoint).await;

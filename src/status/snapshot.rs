@@ -3,7 +3,7 @@
 
 use serde::Serialize;
 
-use crate::rendezvous::{JobRestarts, JobView, NodeView};
+use crate::rendezvous::{JobRestarts, JobView, KeptOut, NodeView};
 
 /// A heartbeat this many periods old has missed at least one beat.
 const STALE_PERIODS: u64 = 2;
@@ -28,6 +28,17 @@ pub struct Snapshot {
     pub last_hang: Option<String>,
     /// The job's restarts over every node, and its budget.
     pub restarts: JobRestarts,
+    /// The hosts `--exclude-after` keeps out, with their incidents.
+    pub kept_out: Vec<KeptOut>,
+    /// `--readmit HOST`: the host let back in, and how many of its incidents were forgotten.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub readmitted: Option<Readmitted>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Readmitted {
+    pub host: String,
+    pub forgotten: usize,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -173,6 +184,8 @@ impl Snapshot {
             nodes,
             last_hang: view.last_hang.clone(),
             restarts: view.restarts.clone(),
+            kept_out: view.kept_out.clone(),
+            readmitted: None,
         }
     }
 
@@ -184,7 +197,11 @@ impl Snapshot {
             Some(s) if s != self.round => format!("round {} (round {s} sealed)", self.round),
             _ => format!("round {}", self.round),
         };
-        let mut out = format!(
+        let mut out = match &self.readmitted {
+            Some(r) => format!("readmitted {}: {} incident(s) forgotten; it may join again\n", r.host, r.forgotten),
+            None => String::new(),
+        };
+        out.push_str(&format!(
             "job {} at {}: {round}, {}, {members} member(s), world size {}, {spares} spare(s) waiting; {} --nnodes {}\n",
             self.run_id,
             self.endpoint,
@@ -192,11 +209,14 @@ impl Snapshot {
             self.world_size,
             self.script,
             self.nnodes
-        );
+        ));
         if let Some(line) = &self.last_hang {
             out.push_str(&format!("last {line}\n"));
         }
         out.push_str(&restarts_line(&self.restarts));
+        for host in &self.kept_out {
+            out.push_str(&format!("{}\n", host.line()));
+        }
         let dash = || "-".to_string();
         let opt = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
         let ago = |ms: Option<u64>| ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
@@ -256,7 +276,7 @@ mod tests {
     fn job(members: Vec<NodeView>, others: Vec<NodeView>, round: u64, sealed: Option<u64>) -> JobView {
         JobView {
             run_id: "job1".into(),
-            fingerprint: Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:3".into(), restart_budget: String::new() },
+            fingerprint: Fingerprint { entrypoint: "train.py".into(), args: vec![], nproc_spec: "2".into(), nnodes: "2:3".into(), restart_budget: String::new(), exclude_after: String::new() },
             round,
             expected: None,
             closed: false,
@@ -265,6 +285,7 @@ mod tests {
             others,
             last_hang: None,
             restarts: JobRestarts::default(),
+            kept_out: Vec::new(),
         }
     }
 

@@ -22,6 +22,7 @@ mod goodput;
 mod gpu;
 mod hang;
 mod incidents;
+mod lemons;
 mod logs;
 mod multinode;
 mod observe;
