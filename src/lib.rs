@@ -9,6 +9,7 @@ pub mod config;
 pub mod console;
 pub mod context;
 pub mod exit;
+pub mod gate;
 pub mod gpu;
 pub mod hang;
 pub mod host;

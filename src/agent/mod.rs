@@ -14,6 +14,7 @@
 
 mod banner;
 mod driver;
+mod gate;
 mod gpu;
 mod hang;
 mod ops;
@@ -58,6 +59,9 @@ pub enum AgentError {
     Store(#[from] StoreError),
     #[error("{0}")]
     Gpu(String),
+    /// A check of the health gate failed (its line); the node drained before it joined.
+    #[error("{0}")]
+    Unhealthy(String),
     #[error("cannot resolve the rendezvous endpoint {0}: {1}")]
     Resolve(String, std::io::Error),
     #[error(transparent)]

@@ -30,7 +30,7 @@ const FAULT_SETTLE: Duration = Duration::from_millis(250);
 const SIGNAL_HOLD: Duration = Duration::from_secs(1);
 
 /// How long the `--on-node-fault` hook may run.
-const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
+pub(super) const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// This node's GPUs, when NVML is there.
 pub(super) struct Gpus {
@@ -84,6 +84,9 @@ impl Work {
     /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
     /// others wait for it (or for a membership change that means it will never come).
     async fn join(&mut self, nproc: u32, restart_count: u32) -> Input {
+        if let Err(e) = self.health_gate(nproc).await {
+            return Input::Failed(e);
+        }
         self.rendezvous.set_nproc(nproc);
         self.rendezvous.set_restarts(restart_count);
         let round = match self.rendezvous.next_round().await {
@@ -192,7 +195,7 @@ impl Work {
     /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
     /// user's hook (bounded).
     async fn drain(&mut self, fault: &Fault) -> Input {
-        self.rendezvous.record_drain().await;
+        self.rendezvous.record_drain(None).await;
         if let Err(e) = self.rendezvous.leave().await {
             tracing::warn!("cannot leave the rendezvous: {e}");
         }

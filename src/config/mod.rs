@@ -11,9 +11,11 @@ use nix::sys::signal::Signal;
 
 use crate::cli::Cli;
 use crate::gpu::placement::PlacementError;
+pub use health::Health;
 
 mod entrypoint;
 mod hang;
+mod health;
 mod logs;
 mod observe;
 mod parse;
@@ -89,6 +91,8 @@ pub struct LaunchConfig {
     pub gpus: Option<String>,
     /// The user's hook for a drained node.
     pub on_node_fault: Option<String>,
+    /// The health gate before every join (`crate::gate`).
+    pub health: Health,
     pub gpu_wait_timeout: Duration,
     /// `--warm-spares`: None when off.
     pub warm_spares: Option<WarmConfig>,
@@ -232,6 +236,7 @@ impl LaunchConfig {
             on_node_fault: cli.on_node_fault.clone().filter(|c| !c.trim().is_empty()),
             numa_binding: cli.numa_binding.as_deref().map(str::parse).transpose().map_err(bad)?,
             gpus: cli.gpus.clone().filter(|g| !g.trim().is_empty()),
+            health: Health::from_cli(cli)?,
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
             warm_spares: entrypoint::warm_spares(cli)?,
             hang: hang::from_cli(cli)?,

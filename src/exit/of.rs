@@ -23,6 +23,7 @@ pub fn of_error(e: &AgentError) -> u8 {
         AgentError::Store(e) => of_store(e),
         // The endpoint's name may not be published yet (a Kubernetes service, DNS in flux).
         AgentError::Resolve(..) => RDZV_INCOMPLETE,
+        AgentError::Unhealthy(_) => NODE_UNHEALTHY,
         AgentError::Signals(_)
         | AgentError::Gpu(_)
         | AgentError::Logs(_)
@@ -109,6 +110,7 @@ mod tests {
             ("refused at the store", rdzv(RdzvError::Store(StoreError::Refused { addr: addr() })), 3),
             ("job restart budget spent", rdzv(RdzvError::RestartBudget("the job restarted 3 times".into())), 5),
             ("a lemon kept out", rdzv(RdzvError::KeptOut("this host (n1) caused 2 incidents".into())), 75),
+            ("a health check failed", Err(AgentError::Unhealthy("health check 'storage' failed".into())), 75),
             ("not a store", store(StoreError::NotAStore { addr: addr(), answer: "HTTP" }), 2),
             ("wrong token", rdzv(RdzvError::Store(StoreError::WrongToken { addr: addr() })), 2),
             ("mismatch", rdzv(RdzvError::Mismatch("--nnodes".into())), 1),

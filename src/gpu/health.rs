@@ -224,6 +224,18 @@ fn counters(device: &Device) -> Seen {
     Seen::Counters { uncorrected, remap_failed, recovery }
 }
 
+/// What makes `device` unfit to start workers on, as the health gate says it (None: healthy): it is lost,
+/// it has volatile uncorrected ECC errors, row remapping failed, or the driver asks for a recovery action.
+pub(crate) fn unfit(device: &Device) -> Option<String> {
+    match counters(device) {
+        Seen::Lost => Some("it is lost (GPU_IS_LOST)".into()),
+        Seen::Counters { uncorrected: Some(n), .. } if n > 0 => Some(format!("{n} volatile uncorrected ECC error(s)")),
+        Seen::Counters { remap_failed: true, .. } => Some("row remapping failed".into()),
+        Seen::Counters { recovery, .. } if recovery != 0 => Some(format!("the driver asks for recovery action {recovery}")),
+        Seen::Counters { .. } | Seen::Event { .. } => None,
+    }
+}
+
 /// NVML field ids: row-remap failure, and the driver's recovery action (read where supported).
 const FI_REMAP_FAILURE: u32 = 145;
 const FI_RECOVERY_ACTION: u32 = 230;

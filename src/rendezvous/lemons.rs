@@ -23,8 +23,12 @@ use crate::store::Store;
 /// The key (under the run's prefix) the incidents live under.
 pub(super) const CULPRITS: &str = "culprits/";
 
-/// The kind a drain is recorded with: never merged with the round's restarts.
+/// The kind a drain is recorded with.
 const DRAIN: &str = "drain";
+
+/// The kinds of a restart spent (`StopKind::restart_label`): the round's restarts are one incident. Any
+/// other kind (a drain, a failed health check) is its node's own.
+const RESTARTS: [&str; 3] = ["worker_failure", "gpu_fault", "hang"];
 
 /// One incident as its key names it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -32,7 +36,7 @@ pub struct Incident {
     pub host: String,
     pub round: u64,
     pub at_ms: u64,
-    /// `worker_failure`, `gpu_fault`, `hang` (a restart spent) or `drain`.
+    /// `worker_failure`, `gpu_fault`, `hang` (a restart spent), `drain`, or `health_<check>`.
     pub kind: String,
 }
 
@@ -63,7 +67,7 @@ pub fn culprits(keys: &[String], now_ms: u64, window: Option<Duration>) -> BTree
     let mut first: BTreeMap<u64, Incident> = BTreeMap::new();
     let mut drains = Vec::new();
     for i in keys.iter().filter_map(|k| incident(k)) {
-        if i.kind == DRAIN {
+        if !RESTARTS.contains(&i.kind.as_str()) {
             drains.push(i);
         } else if first.get(&i.round).is_none_or(|f| (i.at_ms, &i.host) < (f.at_ms, &f.host)) {
             first.insert(i.round, i);
@@ -111,9 +115,11 @@ impl<S: Store> Rendezvous<S> {
         Ok(Some(self.key(&format!("{CULPRITS}{}/{round}-{now}-{kind}", self.me.addr))))
     }
 
-    /// A drain: this host is the culprit (best effort: a node that drains leaves whatever the store says).
-    pub async fn record_drain(&self) {
-        match self.culprit_key(DRAIN) {
+    /// A drain (`kind`: `None` for a GPU fault's, else the failed health check): this host is the culprit
+    /// (best effort: a node that drains leaves whatever the store says).
+    pub async fn record_drain(&self, kind: Option<&str>) {
+        let kind = kind.map(|check| format!("health_{check}")).unwrap_or_else(|| DRAIN.to_string());
+        match self.culprit_key(&kind) {
             Ok(Some(key)) => {
                 if let Err(e) = self.store.set(&key, b"1").await {
                     tracing::warn!("cannot record the drain among this host's incidents: {e}");

@@ -1,4 +1,5 @@
-//! `muster doctor`: is this node fit to run a job? Prints the driver and GPU inventory, the health counters,
+//! `muster doctor`: is this node fit to run a job? Prints the launcher's health gate as a table, the driver
+//! and GPU inventory, the health counters,
 //! the faults NVML raises while it listens, and the effective fault policy; exits non-zero when the node
 //! should not be used (no driver, a GPU lost, a fault the policy would drain or exclude for, uncorrected ECC).
 
@@ -24,6 +25,36 @@ struct DoctorArgs {
     /// As for the launcher: per-XID overrides, XID=ACTION,...
     #[arg(long = "xid-policy", default_value = "")]
     xid_policy: String,
+    /// As for the launcher: the health gate's checks (`storage,shm,network,gpu`, `all` or `none`).
+    #[arg(long = "health-checks", default_value = "all")]
+    health_checks: String,
+    /// As for the launcher: a directory the storage check probes (repeatable); the current directory else.
+    #[arg(long = "health-path")]
+    health_path: Vec<std::path::PathBuf>,
+    /// The address the job would use (the launcher's --local-addr): the interface carrying it is checked.
+    #[arg(long = "local-addr")]
+    local_addr: Option<String>,
+}
+
+/// The launcher's health gate (`crate::gate`), as a table; its failures join the problems.
+fn health_gate(args: &DoctorArgs, nvml: Option<&'static nvml_wrapper::Nvml>) -> Result<Vec<String>, ToolError> {
+    let checks = crate::gate::Check::parse_list(&args.health_checks).map_err(|e| ToolError::Usage(format!("--health-checks: {e}")))?;
+    let paths = if args.health_path.is_empty() { vec![std::path::PathBuf::from(".")] } else { args.health_path.clone() };
+    let gate = crate::gate::GateConfig {
+        checks,
+        budget: Duration::from_secs(5),
+        paths,
+        shm_per_worker: 128 << 20,
+        min_free: 100 << 20,
+        workers: 1,
+        local_addr: args.local_addr.clone().unwrap_or_else(crate::host::fqdn),
+        sysfs: crate::gpu::topology::sysfs_root(),
+        ib_hca: std::env::var("NCCL_IB_HCA").ok(),
+    };
+    let report = crate::gate::run(&gate, nvml);
+    crate::outln!("health gate ({} ms):", report.took.as_millis());
+    crate::out!("{}", report.table());
+    Ok(report.findings.iter().filter(|f| !f.ok).map(|f| f.line()).collect())
 }
 
 /// Entry point of `muster doctor ARGS...`. It logs what the GPU libraries report, at the agent's log level.
@@ -31,6 +62,7 @@ pub fn main(args: &[String]) -> Result<u8, ToolError> {
     crate::telemetry::init();
     let args: DoctorArgs = super::parse("doctor", args)?;
     let policy = Policy::parse(&args.on_gpu_fault, &args.xid_policy).map_err(|e| ToolError::Usage(e.to_string()))?;
+    let gate_problems = health_gate(&args, crate::gpu::nvml().ok())?;
     let nvml = match crate::gpu::nvml() {
         Ok(n) => n,
         Err(e) => {
@@ -47,7 +79,8 @@ pub fn main(args: &[String]) -> Result<u8, ToolError> {
             return Ok(crate::exit::FAILED);
         }
     };
-    let mut problems = print_inventory(nvml, &gpus);
+    let mut problems = gate_problems;
+    problems.extend(print_inventory(nvml, &gpus));
     crate::outln!("policy: {}", policy.describe());
     crate::outln!("listening for GPU faults for {} s ...", args.listen);
     let runtime = super::tool_runtime(Threads::One)?;

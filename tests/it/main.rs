@@ -18,6 +18,7 @@ mod escape;
 mod etcd;
 mod etcd_harness;
 mod events;
+mod gate;
 mod goodput;
 mod gpu;
 mod hang;

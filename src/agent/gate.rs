@@ -1,0 +1,45 @@
+//! What happens when the health gate fails (`crate::gate`): before a join (the first, each rejoin, after
+//! every restart) a node that fails a check drains before it joins. It leaves the rendezvous (the others
+//! re-form without it at once, as for a drain), records the incident for `--exclude-after`, runs the
+//! `--on-node-fault` hook with the check's name in `MUSTER_FAULT_KIND`, and ends with the check's line
+//! (exit 75).
+
+use super::ops::Work;
+use super::AgentError;
+
+impl Work {
+    /// Runs the gate for a node of `nproc` workers; Err when a check failed (the node has left and the
+    /// hook has run).
+    pub(super) async fn health_gate(&mut self, nproc: u32) -> Result<(), AgentError> {
+        if self.cfg.health.checks.is_empty() {
+            return Ok(());
+        }
+        let gate = self.cfg.health.gate(self.logs.run_dir().map(|d| d.to_path_buf()), nproc, &self.cfg.local_addr);
+        let nvml = self.gpus.as_ref().map(|g| g.nvml);
+        let report = tokio::task::spawn_blocking(move || crate::gate::run(&gate, nvml))
+            .await
+            .map_err(|e| AgentError::Internal(format!("health gate task: {e}")))?;
+        let Some(failed) = report.failed() else {
+            tracing::debug!(ms = report.took.as_millis() as u64, "health gate passed");
+            return Ok(());
+        };
+        let line = failed.line();
+        self.rendezvous.record_drain(Some(failed.check.name())).await;
+        if let Err(e) = self.rendezvous.leave().await {
+            tracing::warn!("cannot leave the rendezvous: {e}");
+        }
+        if let Some(cmd) = &self.cfg.on_node_fault {
+            let env: Vec<(String, String)> = [
+                ("MUSTER_FAULT_KIND", failed.check.name().to_string()),
+                ("MUSTER_FAULT_DETAIL", line.clone()),
+                ("MUSTER_FAULT_HOSTNAME", crate::host::hostname()),
+                ("MUSTER_RUN_ID", self.cfg.run_id.clone()),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect();
+            let _ = crate::supervisor::hook::run_hook(cmd, &env, super::ops::HOOK_TIMEOUT, &self.guard).await;
+        }
+        Err(AgentError::Unhealthy(line))
+    }
+}
