@@ -16,28 +16,10 @@ use common::cluster::*;
 use common::gpus::FakeNode;
 use common::*;
 
-fn runs() -> usize {
-    std::env::var("MUSTER_INCIDENT_RUNS").ok().and_then(|v| v.parse().ok()).filter(|n| *n > 0).unwrap_or(1)
-}
-
-/// Plays `scenario` `runs()` times; each run returns its time to re-form (or to the decisive event).
+/// Plays `scenario` `MUSTER_INCIDENT_RUNS` times; each run returns its time to re-form (or to the decisive
+/// event).
 fn play(name: &str, expected: &str, scenario: impl Fn() -> Duration + std::panic::RefUnwindSafe) {
-    let n = runs();
-    let (mut times, mut unexpected) = (Vec::new(), Vec::new());
-    for run in 0..n {
-        match std::panic::catch_unwind(&scenario) {
-            Ok(t) => times.push(t),
-            Err(e) => {
-                let msg = e.downcast_ref::<String>().cloned().or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()));
-                unexpected.push(format!("run {run}: {}", msg.unwrap_or_default()));
-            }
-        }
-    }
-    times.sort();
-    let median = times.get(times.len() / 2).map(|t| format!("{} ms", t.as_millis())).unwrap_or_else(|| "-".into());
-    let max = times.last().map(|t| format!("{} ms", t.as_millis())).unwrap_or_else(|| "-".into());
-    println!("INCIDENT | {name} | {n} | {} | {expected} | {median} | {max}", unexpected.len());
-    assert!(unexpected.is_empty(), "{name}: {} of {n} runs unexpected:\n{}", unexpected.len(), unexpected.join("\n"));
+    common::repeat::play("INCIDENT", "MUSTER_INCIDENT_RUNS", name, expected, scenario);
 }
 
 /// One node's agent and its fake GPUs.
