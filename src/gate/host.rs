@@ -10,6 +10,7 @@ use super::{Check, Finding, GateConfig};
 const MIB: u64 = 1 << 20;
 
 /// Bytes free for an unprivileged writer on the file system holding `path`.
+#[allow(clippy::useless_conversion)] // fsblkcnt_t and c_ulong are narrower than u64 on 32-bit targets
 fn free_bytes(path: &Path) -> Result<u64, String> {
     let s = nix::sys::statvfs::statvfs(path).map_err(|e| format!("cannot stat {}: {e}", path.display()))?;
     Ok(u64::from(s.blocks_available()).saturating_mul(u64::from(s.fragment_size())))
