@@ -247,20 +247,20 @@ pub struct Cli {
     /// muster: the health gate run before every join, checks from `storage,shm,network,gpu` (or `all`,
     /// `none`); a failing check drains the node (exit code 75, the --on-node-fault hook with
     /// MUSTER_FAULT_KIND=<check>). `gpu` is not in the default yet: a GPU excluded after a fault would fail it.
-    #[arg(long = "health-checks", env = "MUSTER_HEALTH_CHECKS", default_value = "storage,shm,network", value_name = "LIST")]
-    pub health_checks: String,
+    #[arg(long = "gate-checks", env = "MUSTER_GATE_CHECKS", default_value = "storage,shm,network", value_name = "LIST")]
+    pub gate_checks: String,
 
     /// muster: a directory the storage check probes too (the checkpoint directory, say); repeatable.
-    #[arg(long = "health-path", env = "MUSTER_HEALTH_PATH", value_name = "PATH")]
-    pub health_path: Vec<std::path::PathBuf>,
+    #[arg(long = "gate-path", env = "MUSTER_GATE_PATH", value_name = "PATH")]
+    pub gate_path: Vec<std::path::PathBuf>,
 
     /// muster: seconds the whole health gate may take; a check that has not answered by then fails.
-    #[arg(long = "health-timeout", env = "MUSTER_HEALTH_TIMEOUT", default_value = "5", value_parser = positive_seconds)]
-    pub health_timeout: f64,
+    #[arg(long = "gate-timeout", env = "MUSTER_GATE_TIMEOUT", default_value = "5", value_parser = positive_seconds)]
+    pub gate_timeout: f64,
 
     /// muster: MiB of free /dev/shm the shm check wants per local worker.
-    #[arg(long = "health-shm-min", env = "MUSTER_HEALTH_SHM_MIN", default_value = "128", value_parser = non_negative_int)]
-    pub health_shm_min: u32,
+    #[arg(long = "gate-shm-min", env = "MUSTER_GATE_SHM_MIN", default_value = "128", value_parser = non_negative_int)]
+    pub gate_shm_min: u32,
 
     /// muster: seconds to wait, before starting workers, for a GPU to be released by other processes.
     #[arg(long = "gpu-wait-timeout", env = "MUSTER_GPU_WAIT_TIMEOUT", default_value = "30",

@@ -1,4 +1,4 @@
-//! `--health-checks`, `--health-path`, `--health-timeout`, `--health-shm-min`: the health gate's settings
+//! `--gate-checks`, `--gate-path`, `--gate-timeout`, `--gate-shm-min`: the health gate's settings
 //! (`crate::gate`), checked once.
 
 use std::path::PathBuf;
@@ -24,18 +24,18 @@ pub struct Health {
 
 impl Health {
     pub(super) fn from_cli(cli: &Cli) -> Result<Health, ConfigError> {
-        let checks = Check::parse_list(&cli.health_checks)
-            .map_err(|e| bad(format!("invalid value '{}' for '--health-checks': {e}", cli.health_checks)))?;
-        for path in &cli.health_path {
+        let checks = Check::parse_list(&cli.gate_checks)
+            .map_err(|e| bad(format!("invalid value '{}' for '--gate-checks': {e}", cli.gate_checks)))?;
+        for path in &cli.gate_path {
             if !path.is_dir() {
-                return Err(bad(format!("--health-path {}: not a directory; name a directory the job writes to", path.display())));
+                return Err(bad(format!("--gate-path {}: not a directory; name a directory the job writes to", path.display())));
             }
         }
         Ok(Health {
             checks,
-            budget: Duration::from_secs_f64(cli.health_timeout),
-            paths: cli.health_path.clone(),
-            shm_per_worker: u64::from(cli.health_shm_min) << 20,
+            budget: Duration::from_secs_f64(cli.gate_timeout),
+            paths: cli.gate_path.clone(),
+            shm_per_worker: u64::from(cli.gate_shm_min) << 20,
             sysfs: crate::gpu::topology::sysfs_root(),
             ib_hca: std::env::var("NCCL_IB_HCA").ok(),
         })

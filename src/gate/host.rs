@@ -26,7 +26,7 @@ pub(super) fn shm(config: &GateConfig) -> Finding {
         return Finding::failed(
             Check::Shm,
             format!("/dev/shm has {} MiB free, {} worker(s) want {} MiB", shm / MIB, config.workers, want / MIB),
-            "a larger /dev/shm (docker --shm-size, a Kubernetes emptyDir with medium: Memory) or a lower --health-shm-min",
+            "a larger /dev/shm (docker --shm-size, a Kubernetes emptyDir with medium: Memory) or a lower --gate-shm-min",
         );
     }
     let Some(logs) = config.paths.first() else { return Finding::ok(Check::Shm, format!("/dev/shm {} MiB free", shm / MIB)) };

@@ -3,10 +3,10 @@
 //! as a whole is bounded: a check stuck in the kernel (a hung NFS mount, a stuck NVML call) is a failure
 //! that says so, and its thread is left to finish on its own while the agent goes on.
 //!
-//! The checks (`--health-checks`, default `storage,shm,network`; `all`, or `none` for none):
-//! - `storage` (`storage.rs`): the log directory and every `--health-path` take a probe file (create, write,
+//! The checks (`--gate-checks`, default `storage,shm,network`; `all`, or `none` for none):
+//! - `storage` (`storage.rs`): the log directory and every `--gate-path` take a probe file (create, write,
 //!   fsync, read back, remove) within the limit;
-//! - `shm` (`host.rs`): `/dev/shm` holds at least `--health-shm-min` per local worker (a container's 64 MB
+//! - `shm` (`host.rs`): `/dev/shm` holds at least `--gate-shm-min` per local worker (a container's 64 MB
 //!   default breaks NCCL and data loaders), and the log directory's file system has room;
 //! - `network` (`host.rs`): the interface that carries this node's address is up with a carrier, and every
 //!   InfiniBand port the job may use (`NCCL_IB_HCA`, else all) is ACTIVE at the rate of the others;
@@ -45,7 +45,7 @@ impl Check {
         }
     }
 
-    /// `--health-checks`: `all`, `none`, or names separated by commas.
+    /// `--gate-checks`: `all`, `none`, or names separated by commas.
     pub fn parse_list(s: &str) -> Result<Vec<Check>, String> {
         let s = s.trim();
         match s {
@@ -74,7 +74,7 @@ pub struct GateConfig {
     pub checks: Vec<Check>,
     /// The whole gate's bound: past it a check that has not answered fails.
     pub budget: Duration,
-    /// The log directory and every `--health-path`.
+    /// The log directory and every `--gate-path`.
     pub paths: Vec<PathBuf>,
     /// `/dev/shm` wanted per local worker.
     pub shm_per_worker: u64,

@@ -1,4 +1,4 @@
-//! The storage check: each path (the log directory, every `--health-path`) takes a probe file: created,
+//! The storage check: each path (the log directory, every `--gate-path`) takes a probe file: created,
 //! written, fsynced, read back and removed. A file system that stops answering (an NFS server cut off, a
 //! FUSE daemon stopped) blocks this thread in the kernel; the gate's bound (`mod.rs`) reports it.
 

@@ -26,11 +26,11 @@ struct DoctorArgs {
     #[arg(long = "xid-policy", default_value = "")]
     xid_policy: String,
     /// As for the launcher: the health gate's checks (`storage,shm,network,gpu`, `all` or `none`).
-    #[arg(long = "health-checks", default_value = "all")]
-    health_checks: String,
+    #[arg(long = "gate-checks", default_value = "all")]
+    gate_checks: String,
     /// As for the launcher: a directory the storage check probes (repeatable); the current directory else.
-    #[arg(long = "health-path")]
-    health_path: Vec<std::path::PathBuf>,
+    #[arg(long = "gate-path")]
+    gate_path: Vec<std::path::PathBuf>,
     /// The address the job would use (the launcher's --local-addr): the interface carrying it is checked.
     #[arg(long = "local-addr")]
     local_addr: Option<String>,
@@ -38,8 +38,8 @@ struct DoctorArgs {
 
 /// The launcher's health gate (`crate::gate`), as a table; its failures join the problems.
 fn health_gate(args: &DoctorArgs, nvml: Option<&'static nvml_wrapper::Nvml>) -> Result<Vec<String>, ToolError> {
-    let checks = crate::gate::Check::parse_list(&args.health_checks).map_err(|e| ToolError::Usage(format!("--health-checks: {e}")))?;
-    let paths = if args.health_path.is_empty() { vec![std::path::PathBuf::from(".")] } else { args.health_path.clone() };
+    let checks = crate::gate::Check::parse_list(&args.gate_checks).map_err(|e| ToolError::Usage(format!("--gate-checks: {e}")))?;
+    let paths = if args.gate_path.is_empty() { vec![std::path::PathBuf::from(".")] } else { args.gate_path.clone() };
     let gate = crate::gate::GateConfig {
         checks,
         budget: Duration::from_secs(5),

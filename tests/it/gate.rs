@@ -6,7 +6,7 @@ use crate::common;
 use common::cluster::*;
 use common::*;
 
-/// `/dev/shm` cannot hold what `--health-shm-min` asks per worker: the shm check fails, no worker starts,
+/// `/dev/shm` cannot hold what `--gate-shm-min` asks per worker: the shm check fails, no worker starts,
 /// the hook gets the check's name, exit 75.
 #[test]
 fn a_failing_check_drains_the_node_before_any_worker_starts() {
@@ -16,7 +16,7 @@ fn a_failing_check_drains_the_node_before_any_worker_starts() {
     let args = AgentArgs::c10d(1, "127.0.0.1:0")
         .nproc(2)
         .conf("is_host=1")
-        .opts(["--health-shm-min=999999999", "--on-node-fault", &hook])
+        .opts(["--gate-shm-min=999999999", "--on-node-fault", &hook])
         .script(fixture("incident_worker.py"))
         .arg(dir.path())
         .build();
@@ -31,7 +31,7 @@ fn a_failing_check_drains_the_node_before_any_worker_starts() {
 /// `muster doctor` prints the gate as a table, every default check ok on this machine.
 #[test]
 fn doctor_prints_the_health_gate_as_a_table() {
-    let out = run(muster().args(["doctor", "--listen=0", "--health-checks=storage,shm,network"]), LONG);
+    let out = run(muster().args(["doctor", "--listen=0", "--gate-checks=storage,shm,network"]), LONG);
     for check in ["storage", "shm", "network"] {
         assert!(out.stdout.lines().any(|l| l.starts_with(check) && l.contains(" ok ")), "{check}: {}", out.stdout);
     }
