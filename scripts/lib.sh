@@ -68,6 +68,29 @@ it_tests() {
     fi
 }
 
+# play_rows MODULE TAG RUNS_VAR FIRST_COLUMN: runs the tests `it_tests` chose (in `tests`) one at a time with
+# RUNS_VAR=$runs, each playing its scenario through tests/it/common/repeat.rs, and prints their `TAG |` rows as a
+# table whose first column is FIRST_COLUMN. The log is target/stress/MODULE.log; exits 1, with its tail, if
+# any run ended otherwise.
+play_rows() {
+    local module="$1" tag="$2" var="$3" first="$4" log rc
+    mkdir -p target/stress
+    log="target/stress/$module.log"
+    set +e
+    env "$var=$runs" cargo test --quiet --test it -- --test-threads=1 --nocapture "${tests[@]}" >"$log" 2>&1
+    rc=$?
+    set -e
+    echo "| $first | runs | unexpected | documented result | median | worst |"
+    echo "|---|---|---|---|---|---|"
+    # A row may follow the test runner's own progress output on the same line.
+    grep -o "$tag |.*" "$log" | sed "s/^$tag | /| /; s/\$/ |/" || true
+    if [ "$rc" -ne 0 ]; then
+        echo "$(basename "$0"): some runs ended unexpectedly; details:" >&2
+        grep -v "$tag |" "$log" | tail -n 80 >&2
+        exit 1
+    fi
+}
+
 ensure_python() {
     if command -v python3 >/dev/null 2>&1 && python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
         return

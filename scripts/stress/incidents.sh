@@ -11,18 +11,4 @@ stress_args "scripts/stress/$(basename "$0")" 2,5 20 "$@"
 ensure_venv
 cargo build --quiet --workspace --tests
 it_tests incidents
-mkdir -p target/stress
-log=target/stress/incidents.log
-set +e
-MUSTER_INCIDENT_RUNS="$runs" cargo test --quiet --test it -- --test-threads=1 --nocapture "${tests[@]}" >"$log" 2>&1
-rc=$?
-set -e
-echo "| incident | runs | unexpected | documented result | median | worst |"
-echo "|---|---|---|---|---|---|"
-# A row may follow the test runner's own progress output on the same line.
-grep -o 'INCIDENT |.*' "$log" | sed 's/^INCIDENT | /| /; s/$/ |/' || true
-if [ "$rc" -ne 0 ]; then
-    echo "incidents.sh: some runs ended unexpectedly; details:" >&2
-    grep -v 'INCIDENT |' "$log" | tail -n 80 >&2
-    exit 1
-fi
+play_rows incidents INCIDENT MUSTER_INCIDENT_RUNS incident

@@ -3,7 +3,7 @@
 # member, N times each (three agents on loopback, light workers, fake GPUs), and prints one row per ending: runs,
 # unexpected outcomes, the documented result, median and worst time from the ending to the last member's exit (or
 # to the group re-formed without the node). Exit 1 if any run ended otherwise; the whole log is kept in
-# target/stress/store-host.log.
+# target/stress/store_host.log.
 # Usage: scripts/stress/store-host.sh [--runs N] [--skip PATTERN]... [test-name-filter]
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -12,17 +12,4 @@ stress_args "scripts/stress/$(basename "$0")" 2,7 10 "$@"
 ensure_venv
 cargo build --quiet --workspace --tests
 it_tests store_host
-mkdir -p target/stress
-log=target/stress/store-host.log
-set +e
-MUSTER_STORE_HOST_RUNS="$runs" cargo test --quiet --test it -- --test-threads=1 --nocapture "${tests[@]}" >"$log" 2>&1
-rc=$?
-set -e
-echo "| ending | runs | unexpected | documented result | median | worst |"
-echo "|---|---|---|---|---|---|"
-grep -o 'STOREHOST |.*' "$log" | sed 's/^STOREHOST | /| /; s/$/ |/' || true
-if [ "$rc" -ne 0 ]; then
-    echo "store-host.sh: some runs ended unexpectedly; details:" >&2
-    grep -v 'STOREHOST |' "$log" | tail -n 80 >&2
-    exit 1
-fi
+play_rows store_host STOREHOST MUSTER_STORE_HOST_RUNS ending
