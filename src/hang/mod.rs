@@ -395,6 +395,7 @@ async fn gather<S: Store>(board: &HangBoard<S>, n: u64) -> Vec<RankSummary> {
 }
 
 fn summary(c: &Capture, p: &progress::RankProgress, node: &str, group_rank: u32) -> RankSummary {
+    let main = c.main_thread();
     RankSummary {
         rank: c.target.rank,
         local_rank: c.target.local_rank,
@@ -404,10 +405,9 @@ fn summary(c: &Capture, p: &progress::RankProgress, node: &str, group_rank: u32)
         marks: p.marks,
         gap_ms: p.gap_ms,
         state: c.state.clone(),
-        frames: c
-            .main_thread()
-            .map(|t| t.frames.iter().take(SUMMARY_FRAMES).map(SummaryFrame::from).collect())
-            .unwrap_or_default(),
+        frames: main.map(|t| t.frames.iter().take(SUMMARY_FRAMES).map(SummaryFrame::from).collect()).unwrap_or_default(),
+        // Chosen here, where the frames' full paths are.
+        own_frame: main.and_then(|t| verdict::own_frame(&t.frames)).map(SummaryFrame::from),
         error: c.threads.as_ref().err().map(|e| e.short().to_string()),
     }
 }

@@ -22,6 +22,11 @@ pub struct RankSummary {
     pub state: Option<String>,
     /// The main thread's innermost frames, innermost first.
     pub frames: Vec<SummaryFrame>,
+    /// The innermost frame of the job's own code, where the main thread is blocked below it (`frames[0]` is
+    /// in the standard library or a package): the frame the verdict names. None where `frames[0]` is the
+    /// job's own, no frame is, or the record is from an agent that did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub own_frame: Option<SummaryFrame>,
     /// Why there is no stack, if there is none.
     pub error: Option<String>,
 }
@@ -39,6 +44,36 @@ impl From<&Frame> for SummaryFrame {
         let file = f.file.rsplit('/').next().unwrap_or(&f.file).to_string();
         SummaryFrame { function: f.function.clone(), file, line: f.line, code: f.code.clone() }
     }
+}
+
+/// The innermost frame of a stack (innermost first) that is the job's own code, where the stack goes on below
+/// it: with the innermost frame, where the thread is blocked, the pair the verdict names. None where the
+/// innermost frame is the job's own (it names that one alone) or no frame is (it names the innermost).
+pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
+    frames.iter().position(|f| is_own(&f.file)).filter(|&i| i > 0).map(|i| &frames[i])
+}
+
+/// Whether a frame's file (its full path) is the job's own code: not the standard library (a `pythonX.Y`
+/// directory under `lib`, `lib64`; frozen modules), not an installed package (anything under a
+/// `site-packages` or `dist-packages`), and a file one can open (not `<string>`: code compiled at run time,
+/// muster's warm-spare bootstrap among it).
+fn is_own(path: &str) -> bool {
+    if path.starts_with('<') {
+        return false;
+    }
+    let parts: Vec<&str> = path.split('/').collect();
+    let package = parts.iter().any(|p| matches!(*p, "site-packages" | "dist-packages"));
+    let stdlib = parts.windows(2).any(|w| matches!(w[0], "lib" | "lib64") && is_python_version_dir(w[1]));
+    !package && !stdlib
+}
+
+/// `python3.11`, `python3.13t` (free-threaded): the standard library's directory.
+fn is_python_version_dir(name: &str) -> bool {
+    let Some(version) = name.strip_prefix("python") else { return false };
+    let version = version.strip_suffix('t').unwrap_or(version);
+    let mut numbers = version.split('.');
+    let number = |n: Option<&str>| n.is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()));
+    number(numbers.next()) && number(numbers.next()) && numbers.next().is_none()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -141,16 +176,27 @@ fn typical_gap(ranks: &[RankSummary]) -> Option<f64> {
     Some(gaps[gaps.len() / 2])
 }
 
-/// Where a rank's main thread is: `in train.py:88 load_batch (time.sleep(3600))`, the code only with `code`.
+/// Where a rank's main thread is: `in train.py:88 load_batch (time.sleep(3600))` (`code`, and the code is
+/// known), else `in load_batch (train.py:88)`; below the job's own frame, the frame it is blocked in:
+/// `in train.py:88 fetch_shard (ready.wait()) → threading.py:327 Condition.wait`.
 fn where_in(r: &RankSummary, code: bool) -> String {
-    match (r.frames.first(), &r.error) {
-        (Some(f), _) => match (&f.code, code) {
-            (Some(c), true) => format!("in {}:{} {} ({c})", f.file, f.line, f.function),
-            _ => format!("in {} ({}:{})", f.function, f.file, f.line),
-        },
-        (None, Some(e)) => format!("unknown ({e})"),
-        (None, None) => "unknown".into(),
+    let Some(inner) = r.frames.first() else {
+        return r.error.as_ref().map_or_else(|| "unknown".into(), |e| format!("unknown ({e})"));
+    };
+    let named = r.own_frame.as_ref().unwrap_or(inner);
+    let code = named.code.as_deref().filter(|_| code);
+    let show = |f: &SummaryFrame| match code {
+        Some(_) => format!("{}:{} {}", f.file, f.line, f.function),
+        None => format!("{} ({}:{})", f.function, f.file, f.line),
+    };
+    let mut text = format!("in {}", show(named));
+    if let Some(c) = code {
+        text.push_str(&format!(" ({c})"));
     }
+    if r.own_frame.is_some() {
+        text.push_str(&format!(" → {}", show(inner)));
+    }
+    text
 }
 
 /// Ranks grouped by where their main thread is, the largest group first: `ranks 0-2 in all_reduce
@@ -236,6 +282,7 @@ mod tests {
             gap_ms: Some(60.0),
             state: Some("S".into()),
             frames: vec![at],
+            own_frame: None,
             error: None,
         }
     }
@@ -311,6 +358,107 @@ mod tests {
             let v = judge(&ranks, now, 10_000, &clock);
             assert_eq!((v.kind, &v.suspects, v.line.as_str()), (kind, &suspects, line));
         }
+    }
+
+    /// A frame of a capture: `function@path:line`.
+    fn at(spec: &str) -> Frame {
+        let (function, rest) = spec.split_once('@').expect("function@path:line");
+        let (file, line) = rest.rsplit_once(':').expect("path:line");
+        Frame { function: function.into(), file: file.into(), line: line.parse().expect("line"), code: None }
+    }
+
+    #[test]
+    fn the_named_frame_is_the_innermost_of_the_jobs_own_code() {
+        const WAIT: &str = "Condition.wait@/usr/lib/python3.11/threading.py:327";
+        const EVENT: &str = "Event.wait@/usr/lib/python3.11/threading.py:629";
+        const TRAIN: &str = "fetch_shard@/job/train.py:88";
+        const MAIN: &str = "<module>@/job/train.py:120";
+        // (the stack, innermost first; the frame named and the one it is blocked in, as `file:line function`)
+        type Case = (&'static [&'static str], Option<(&'static str, &'static str)>);
+        let cases: &[Case] = &[
+            // Threading's waits (Event, Queue, Thread.join, Future.result): the script's frame above them.
+            (&[WAIT, EVENT, TRAIN, MAIN], Some(("train.py:88 fetch_shard", "threading.py:327 Condition.wait"))),
+            (
+                &["Queue.get@/root/.pyenv/versions/3.11.7/lib/python3.11/queue.py:171", TRAIN],
+                Some(("train.py:88 fetch_shard", "queue.py:171 Queue.get")),
+            ),
+            (
+                &["Thread.join@/opt/conda/lib64/python3.13t/threading.py:1092", TRAIN],
+                Some(("train.py:88 fetch_shard", "threading.py:1092 Thread.join")),
+            ),
+            // A package (site-packages, Debian's dist-packages), its own wrappers, the script above.
+            (
+                &[
+                    "all_reduce@/venv/lib/python3.11/site-packages/torch/distributed/distributed_c10d.py:2501",
+                    "wrapper@/venv/lib/python3.11/site-packages/torch/distributed/c10d_logger.py:79",
+                    "train_step@/job/train.py:60",
+                ],
+                Some(("train.py:60 train_step", "distributed_c10d.py:2501 all_reduce")),
+            ),
+            (
+                &["get@/usr/lib/python3/dist-packages/redis/client.py:10", "load@job/train.py:5"],
+                Some(("train.py:5 load", "client.py:10 get")),
+            ),
+            // Frozen modules are the standard library's; `<string>` code has no file of the job's.
+            (
+                &["_find_and_load@<frozen importlib._bootstrap>:1176", "<module>@<string>:3", MAIN],
+                Some(("train.py:120 <module>", "<frozen importlib._bootstrap>:1176 _find_and_load")),
+            ),
+            // The script's own frame innermost (time.sleep, os.read, a lock: C calls below it): that one.
+            (&[TRAIN, MAIN], None),
+            // None of the job's own: the innermost.
+            (&[WAIT, EVENT, "run_module@/usr/lib/python3.11/runpy.py:226"], None),
+            (&[], None),
+            // Directories that only look like the standard library's are the job's.
+            (&["f@/home/me/lib/python3/x.py:1", TRAIN], None),
+            (&["f@/home/me/lib/pythonic3.11/x.py:1", TRAIN], None),
+            (&["f@/home/me/python3.11/x.py:1", TRAIN], None),
+        ];
+        for (stack, want) in cases {
+            let frames: Vec<Frame> = stack.iter().map(|s| at(s)).collect();
+            let got = own_frame(&frames).map(|own| (own.short(), frames[0].short()));
+            let want = want.map(|(own, below)| (own.to_string(), below.to_string()));
+            assert_eq!(got, want, "{stack:?}");
+        }
+    }
+
+    #[test]
+    fn the_verdict_names_the_jobs_frame_and_the_one_it_is_blocked_in() {
+        let wait = || frame("Condition.wait", "threading.py", 327, Some("waiter.acquire()"));
+        let own = |line| frame("fetch_shard", "train.py", line, Some("ready.wait()"));
+        let blocked = |rank_: u32, last: u64, line: i32| {
+            let mut r = rank(rank_, Some(last), wait());
+            r.own_frame = Some(own(line));
+            r
+        };
+        let v = judge(&[blocked(0, 1_500, 88), blocked(1, 1_000, 90)], 12_000, 10_000, &clock);
+        assert_eq!(
+            v.line,
+            "hang: rank 1 (node n0, local rank 1) made no progress since t1000; main thread in train.py:90 \
+             fetch_shard (ready.wait()) → threading.py:327 Condition.wait; the other rank waits in fetch_shard \
+             (train.py:88) → Condition.wait (threading.py:327) since t1500"
+        );
+        let v = judge(&[blocked(0, 1_000, 88), blocked(1, 1_001, 88), blocked(2, 1_000, 90)], 12_000, 10_000, &clock);
+        assert_eq!(
+            v.line,
+            "hang: job-wide: no rank made progress since t1001; ranks 0-1 in fetch_shard (train.py:88) → \
+             Condition.wait (threading.py:327); rank 2 in fetch_shard (train.py:90) → Condition.wait (threading.py:327)"
+        );
+        // The job's frame without its code (a file not readable here): the short form.
+        let mut r = blocked(0, 1_000, 88);
+        r.own_frame = Some(frame("fetch_shard", "train.py", 88, None));
+        assert_eq!(where_in(&r, true), "in fetch_shard (train.py:88) → Condition.wait (threading.py:327)");
+    }
+
+    #[test]
+    fn a_summary_without_the_jobs_frame_reads_as_before() {
+        // As an agent without `own_frame` hands it in.
+        let old = r#"{"rank":3,"local_rank":1,"node":"n1","group_rank":1,"last_progress_ms":5,"marks":2,
+            "gap_ms":null,"state":"S","frames":[{"function":"f","file":"t.py","line":4,"code":"x()"}],"error":null}"#;
+        let r: RankSummary = serde_json::from_str(old).expect("an old summary");
+        assert_eq!(r.own_frame, None);
+        assert_eq!(where_in(&r, true), "in t.py:4 f (x())");
+        assert!(!serde_json::to_string(&r).expect("json").contains("own_frame"));
     }
 
     #[test]

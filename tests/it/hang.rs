@@ -109,6 +109,17 @@ fn verdict_line(log: &str) -> Option<String> {
     log.lines().find_map(|l| l.find("hang: ").map(|i| l[i..].to_string()))
 }
 
+/// The number of the line of fixture `name` that holds `code`.
+fn fixture_line(name: &str, code: &str) -> usize {
+    let text = std::fs::read_to_string(fixture(name)).expect("fixture");
+    text.lines().position(|l| l.contains(code)).map(|i| i + 1).unwrap_or_else(|| panic!("no {code:?} in {name}"))
+}
+
+/// Where the waiters are: the script's frame, then torch's `all_reduce` below it.
+fn in_all_reduce() -> String {
+    format!("main (hang_train.py:{}) → all_reduce (distributed_c10d.py:", fixture_line("hang_train.py", "dist.all_reduce(p.grad)"))
+}
+
 /// Rank 3 stops in `load_batch` at step 20 (before its progress mark), the others wait in `all_reduce`.
 fn a_sleeping_rank_is_named_and_the_group_restarts_once(progress: &[&str], script: &[&str]) {
     let job = HangJob::new();
@@ -125,7 +136,7 @@ fn a_sleeping_rank_is_named_and_the_group_restarts_once(progress: &[&str], scrip
     assert!(line.contains("local rank 1) made no progress since "), "{line}");
     assert!(line.contains("main thread in hang_train.py:"), "{line}");
     assert!(line.contains("stuck_in_load_batch (time.sleep(3600))"), "{line}");
-    assert!(line.contains("the other 3 ranks wait in all_reduce"), "{line}");
+    assert!(line.contains(&format!("the other 3 ranks wait in {}", in_all_reduce())), "{line}");
     assert!(verdict_line(&b.log()).is_none(), "only group rank 0 prints the verdict:\n{all}");
 
     // Within the timeout, one check period and the capture bound of rank 3's last progress.
@@ -196,7 +207,8 @@ fn every_rank_blocked_in_one_step_is_a_job_wide_hang() {
     let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{all}"));
     assert!(line.starts_with("hang: job-wide: no rank made progress since "), "{line}");
     assert!(
-        line.contains("ranks 0-2 in all_reduce") && line.contains("rank 3 in wait_for_lock (hang_train.py:"),
+        line.contains(&format!("ranks 0-2 in {}", in_all_reduce()))
+            && line.contains("rank 3 in wait_for_lock (hang_train.py:"),
         "{line}"
     );
     let files = job.stack_files("attempt_0", "stacks");
@@ -420,4 +432,97 @@ fn file_timer_requests_are_progress() {
     // SAFETY: kill(2) of a process this test started.
     unsafe { libc::kill(agent.guard.pid(), libc::SIGTERM) };
     assert_eq!(agent.exit_code(LONG), Some(143), "{}", agent.log());
+}
+
+/// Rank 1 blocks in `wait` (`tests/fixtures/blocked_wait.py`), then rank 0 in the same: the verdict line and
+/// `hang_report.json`, and the place each rank's summary in the report names.
+fn blocked_in(wait: &str) -> (String, serde_json::Value) {
+    python();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let logs = dir.path().join("logs");
+    let out = run(
+        muster()
+            .args(["--standalone", "--nproc-per-node=2", "--hang-timeout=3", "--max-restarts=0"])
+            .arg(format!("--log-dir={}", logs.display()))
+            .arg(fixture("blocked_wait.py"))
+            .arg(wait)
+            .arg(dir.path()),
+        LONG,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", out.stderr);
+    let line = verdict_line(&out.stderr).unwrap_or_else(|| panic!("no verdict:\n{}", out.stderr));
+    let run_dir = std::fs::read_dir(&logs).expect("logs").flatten().next().expect("run dir").path();
+    let report = std::fs::read_to_string(run_dir.join("hang_report.json")).expect("hang_report.json");
+    let report: serde_json::Value = serde_json::from_str(&report).expect("json");
+    assert_eq!(report[0]["verdict"]["line"], line.as_str(), "{report}");
+    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([1]), "{report}");
+    (line, report)
+}
+
+/// A wait in the standard library, called from the fixture's `function` at `code`: the verdict names that
+/// frame, with the one it is blocked in (threading's) after it, for the culprit and for the rank that waits;
+/// so does each rank's summary in the report.
+fn a_standard_library_wait_is_named_by_the_scripts_frame(wait: &str, function: &str, code: &str) {
+    let (line, report) = blocked_in(wait);
+    let n = fixture_line("blocked_wait.py", code);
+    let rank = |r: u64| report[0]["ranks"].as_array().and_then(|a| a.iter().find(|s| s["rank"] == r)).expect("rank");
+    for r in [0, 1] {
+        let own = &rank(r)["own_frame"];
+        assert_eq!((&own["function"], &own["file"], &own["line"]), (&function.into(), &"blocked_wait.py".into(), &n.into()), "{report}");
+        assert_eq!(rank(r)["frames"][0]["file"], "threading.py", "{report}");
+    }
+    // Where each is blocked, from the report: `threading.py`, its line and function.
+    let below = |r: u64| {
+        let f = &rank(r)["frames"][0];
+        (f["file"].as_str().unwrap_or_default().to_string(), f["line"].clone(), f["function"].as_str().unwrap_or_default().to_string())
+    };
+    let (file, at, inner) = below(1);
+    let culprit = format!("main thread in blocked_wait.py:{n} {function} ({code}) → {file}:{at} {inner}; ");
+    assert!(line.starts_with("hang: rank 1 (node ") && line.contains(&culprit), "{line}");
+    let (file, at, inner) = below(0);
+    let waiter = format!("; the other rank waits in {function} (blocked_wait.py:{n}) → {inner} ({file}:{at}) since ");
+    assert!(line.contains(&waiter), "{line}");
+}
+
+#[test]
+fn a_rank_blocked_in_event_wait_is_named_by_the_scripts_frame() {
+    a_standard_library_wait_is_named_by_the_scripts_frame("event", "event", "threading.Event().wait()");
+}
+
+#[test]
+fn a_rank_blocked_in_queue_get_is_named_by_the_scripts_frame() {
+    a_standard_library_wait_is_named_by_the_scripts_frame("queue", "get", "queue.Queue().get()");
+}
+
+#[test]
+fn a_rank_blocked_in_thread_join_is_named_by_the_scripts_frame() {
+    a_standard_library_wait_is_named_by_the_scripts_frame("join", "join", "helper.join()");
+}
+
+#[test]
+fn a_rank_blocked_in_future_result_is_named_by_the_scripts_frame() {
+    a_standard_library_wait_is_named_by_the_scripts_frame("future", "result", "concurrent.futures.Future().result()");
+}
+
+/// A wait in the script's own frame (a C call below it): that frame alone, as the line always was.
+fn a_wait_in_the_scripts_own_frame_is_named_alone(wait: &str, code: &str) {
+    let (line, report) = blocked_in(wait);
+    let n = fixture_line("blocked_wait.py", code);
+    let culprit = format!("main thread in blocked_wait.py:{n} {wait} ({code}); the other rank waits in {wait} (blocked_wait.py:{n}) since ");
+    assert!(line.starts_with("hang: rank 1 (node ") && line.contains(&culprit), "{line}");
+    assert!(!line.contains('→'), "{line}");
+    for r in report[0]["ranks"].as_array().expect("ranks") {
+        assert_eq!(r["frames"][0]["function"], wait, "{report}");
+        assert!(r.get("own_frame").is_none(), "{report}");
+    }
+}
+
+#[test]
+fn a_rank_blocked_in_time_sleep_is_named_by_its_own_frame_alone() {
+    a_wait_in_the_scripts_own_frame_is_named_alone("sleep", "time.sleep(3600)");
+}
+
+#[test]
+fn a_rank_blocked_in_os_read_is_named_by_its_own_frame_alone() {
+    a_wait_in_the_scripts_own_frame_is_named_alone("read", "os.read(r, 1)");
 }
