@@ -20,8 +20,9 @@ pub struct Transitions {
 }
 
 impl Transitions {
+    /// The first state, `init`, began when the agent did (`sinks.started`).
     pub fn new(cfg: &LaunchConfig, sinks: &Sinks) -> Transitions {
-        Transitions { observer: Observer::new(sinks, &cfg.run_id), from: PhaseKind::Init, since: Instant::now() }
+        Transitions { observer: Observer::new(sinks, &cfg.run_id), from: PhaseKind::Init, since: sinks.started }
     }
 
     /// Into `to`; `state` is None when set-up failed, `input_at` when the input that caused it arrived.

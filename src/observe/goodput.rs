@@ -2,7 +2,8 @@
 //! in the state it leaves to one bucket, so the buckets tile the agent's life from its start to its end:
 //! their sum is its wall time.
 //!
-//! - `rendezvous`: set-up, the first join, every re-formation and re-join;
+//! - `rendezvous`: set-up from the agent's start (a wait for a store that does not answer included), the
+//!   first join, every re-formation and re-join;
 //! - `spawn`: placing and starting the workers;
 //! - `warmup`: from the workers' start to their first progress mark (the script's imports,
 //!   `init_process_group`, a checkpoint load, the first step). Measured where progress is (hang detection

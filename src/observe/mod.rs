@@ -47,6 +47,9 @@ pub struct Sinks {
     pub health: Arc<Health>,
     /// The running workers, whose stacks `GET /stacks` reads.
     pub stacks: Arc<crate::hang::Registry>,
+    /// When the agent started (its sinks open first): where its goodput account begins, so that a wait
+    /// before the first round (an unreachable store) is time lost to the rendezvous.
+    pub started: Instant,
     listener: Option<TcpListener>,
 }
 
@@ -55,7 +58,7 @@ pub fn open(cfg: &ObserveConfig, run_id: &str, max_restarts: u32) -> Result<Sink
     let listener = cfg.metrics.map(http::bind).transpose()?;
     let events = EventLog::open(cfg.console_events, cfg.event_log.as_deref())?;
     let metrics = listener.is_some().then(|| Arc::new(Metrics::new(run_id, &crate::host::hostname(), max_restarts)));
-    Ok(Sinks { events, metrics, health: Arc::new(Health::default()), stacks: Arc::default(), listener })
+    Ok(Sinks { events, metrics, health: Arc::new(Health::default()), stacks: Arc::default(), started: Instant::now(), listener })
 }
 
 impl Sinks {
@@ -142,7 +145,7 @@ impl Observer {
             goodput: Goodput::default(),
             running: sinks.stacks.clone(),
             running_since_ms: None,
-            created: Instant::now(),
+            created: sinks.started,
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use common::cluster::{Agent, LONG};
+use common::cluster::{Agent, AgentArgs, LONG};
 use common::*;
 
 const LOST: [&str; 6] = ["rendezvous", "spawn", "warmup", "detect", "stop", "finish"];
@@ -89,4 +89,36 @@ fn the_phases_add_up_to_the_wall_time_and_a_scrape_matches_the_events() {
     let ratio = last["goodput"].as_f64().expect("goodput");
     assert!((ratio - last["productive_s"].as_f64().unwrap_or(0.0) / sum).abs() < 0.01, "{last}");
     assert!(agent.log().lines().any(|l| l.contains("goodput ") && l.contains("% of ")), "{}", agent.log());
+}
+
+/// `goodput X% of W s: training T s; lost rendezvous R s, …` → (W, T, R).
+fn goodput_line(line: &str) -> (f64, f64, f64) {
+    let number = |after: &str| -> f64 {
+        let rest = line.split(after).nth(1).unwrap_or_else(|| panic!("no {after:?} in {line}"));
+        rest.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("no number after {after:?}: {line}"))
+    };
+    (number("% of "), number("training "), number("lost rendezvous "))
+}
+
+/// An agent stopped while it waits for an etcd that is not there never started a worker: its account still
+/// begins with it, and all of the wait is lost to the rendezvous.
+#[test]
+fn an_agent_stopped_waiting_for_its_store_lost_the_wait_to_the_rendezvous() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nothing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let args = AgentArgs::rdzv("etcd", 1, format!("127.0.0.1:{nothing}")).script(fixture("elastic_worker.py")).arg(dir.path()).build();
+    let mut agent = Agent::start("a", &args);
+    // Said after 3 s of failed attempts (OUTAGE_AFTER in src/store/etcd/cluster.rs): the agent has waited that long.
+    let waiting = eventually(LONG, || agent.log().contains("etcd does not answer at"));
+    assert!(waiting, "the agent never said it waits for etcd:\n{}", agent.log());
+    // SAFETY: plain kill(2) of a process this test started.
+    assert_eq!(unsafe { libc::kill(agent.guard.pid(), libc::SIGTERM) }, 0);
+    agent.exit_code(LONG);
+    let log = agent.log();
+    let last = log.lines().rfind(|l| l.contains("goodput ") && l.contains("% of "));
+    let (wall, training, rendezvous) = goodput_line(last.unwrap_or_else(|| panic!("no goodput line:\n{log}")));
+    assert!(wall >= 3.0, "the 3 s and more of waiting are in the account: {log}");
+    assert_eq!(training, 0.0, "{log}");
+    assert!((rendezvous - wall).abs() <= 0.1, "all of the wait is lost to the rendezvous: {log}");
+    assert!(!dir.path().join("starts").exists(), "no worker may start");
 }
