@@ -171,7 +171,7 @@ mod tests {
             (store(StoreError::Connect { addr, timeout: d, last: "refused".into() }), true),
             (store(StoreError::Broken { addr }), true),
             (store(StoreError::Refused { addr }), true),
-            (store(StoreError::Unreachable { endpoints: "e".into(), op: "get", last: "refused".into() }), true),
+            (store(StoreError::Unreachable { endpoints: "e".into(), op: "get", last: "refused".into(), said: false }), true),
             (store(StoreError::Etcd { endpoint: "e".into(), code: 3, message: "bad".into() }), false),
             (store(StoreError::Tls { endpoint: "e".into(), reason: "no cert".into() }), false),
             (store(StoreError::WrongToken { addr }), false),

@@ -98,11 +98,10 @@ pub enum StoreError {
     )]
     WrongToken { addr: SocketAddr },
 
-    #[error(
-        "no etcd member answered {op} at {endpoints} in time (last error: {last}); check that etcd is running \
-         and that --rdzv-endpoint names its client port (2379 by default)"
-    )]
-    Unreachable { endpoints: String, op: &'static str, last: String },
+    /// `said`: the outage was already warned of (`etcd does not answer at …`, with what to check), so the
+    /// end of the wait does not say it again.
+    #[error("{}", unreachable(endpoints, op, last, *said))]
+    Unreachable { endpoints: String, op: &'static str, last: String, said: bool },
 
     #[error("etcd at {endpoint} refused the request (gRPC code {code}): {message}")]
     Etcd { endpoint: String, code: i64, message: String },
@@ -123,4 +122,16 @@ pub enum StoreError {
 
     #[error("{what}")]
     BadSetting { what: String },
+}
+
+/// What to check when no etcd member answers: said once, by the outage's warning or by the error.
+pub const ETCD_CHECK: &str =
+    "check that etcd is running and that --rdzv-endpoint names its client port (2379 by default)";
+
+fn unreachable(endpoints: &str, op: &str, last: &str, said: bool) -> String {
+    if said {
+        format!("no etcd member answered {op} before the deadline (the warning above names them and what to check)")
+    } else {
+        format!("no etcd member answered {op} at {endpoints} in time (last error: {last}); {ETCD_CHECK}")
+    }
 }

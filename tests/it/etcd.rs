@@ -261,6 +261,35 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
     }
 }
 
+/// Nothing listens at the etcd endpoint, for longer than the few seconds after which the agent warns: one
+/// line names the endpoint and what to check, whether the wait ends by `join_timeout` or by a signal; the
+/// error the agent exits with says only that the wait ended.
+#[test]
+fn an_unreachable_etcd_is_named_once_with_what_to_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let nothing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
+    let endpoint = format!("127.0.0.1:{nothing}");
+    let check = "check that etcd is running and that --rdzv-endpoint names its client port";
+    for stop in ["join_timeout", "SIGTERM"] {
+        let conf = if stop == "join_timeout" { "join_timeout=6" } else { "join_timeout=600" };
+        let args = AgentArgs::rdzv("etcd", 1, &endpoint).conf(conf).script(fixture("elastic_worker.py")).arg(dir.path()).build();
+        let mut a = Agent::start("a", &args);
+        if stop == "SIGTERM" {
+            assert!(eventually(LONG, || a.log().contains(&endpoint)), "the agent never named the endpoint:\n{}", a.log());
+            // SAFETY: plain kill(2) of a process this test started.
+            assert_eq!(unsafe { libc::kill(a.guard.pid(), libc::SIGTERM) }, 0);
+        }
+        let got = a.exit_code(LONG);
+        let log = a.log();
+        assert_eq!(got, Some(if stop == "SIGTERM" { 143 } else { 3 }), "{stop}: {log}");
+        let named: Vec<&str> = log.lines().filter(|l| l.contains(&endpoint)).collect();
+        assert_eq!(named.len(), 1, "{stop}: the endpoint is named once:\n{log}");
+        assert!(named[0].contains("etcd does not answer at") && named[0].contains(check), "{stop}: {log}");
+        assert_eq!(count(&log, check), 1, "{stop}: what to check is said once:\n{log}");
+        assert!(!dir.path().join("starts").exists(), "no worker may start");
+    }
+}
+
 /// etcd with a self-signed CA and `--client-cert-auth`: muster joins with `protocol=https` and the cert keys;
 /// without the client certificate it fails with one line naming it.
 #[test]

@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use super::tls::{self, TlsFiles};
 use super::wire::{self, ErrorReply};
+use crate::store::error::ETCD_CHECK;
 use crate::store::StoreError;
 
 /// One attempt at one member; a slower member is tried again later and the next one now.
@@ -173,7 +174,7 @@ impl Cluster {
             self.failed_pass(&last);
             let now = Instant::now();
             if now >= deadline {
-                return Err(StoreError::Unreachable { endpoints: self.named.clone(), op: path, last });
+                return Err(self.unreachable(path, last));
             }
             tokio::time::sleep(BACKOFF.min(deadline - now)).await;
         }
@@ -250,11 +251,13 @@ impl Cluster {
         let since = *outage.since.get_or_insert_with(Instant::now);
         if !outage.reported && since.elapsed() >= OUTAGE_AFTER {
             outage.reported = true;
-            tracing::warn!(
-                "etcd does not answer at {} ({last}); retrying",
-                self.named
-            );
+            tracing::warn!("etcd does not answer at {} ({last}); {ETCD_CHECK}; retrying", self.named);
         }
+    }
+
+    /// No member answered `op` in time: the error says what to check unless the outage's warning did.
+    pub(super) fn unreachable(&self, op: &'static str, last: String) -> StoreError {
+        StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: self.outage().reported }
     }
 
     fn answered(&self, idx: usize) {
@@ -295,7 +298,7 @@ impl Cluster {
                 Err(_) => last = format!("{}: no answer within {ATTEMPT:?}", self.urls[idx]),
             }
         }
-        Err(StoreError::Unreachable { endpoints: self.named.clone(), op: "/v3/watch", last })
+        Err(self.unreachable("/v3/watch", last))
     }
 }
 

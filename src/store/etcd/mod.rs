@@ -199,7 +199,7 @@ impl Store for EtcdStore {
                 Ok(Some(_)) => {}
                 Ok(None) => {
                     let last = "the watch ended".to_string();
-                    return Err(StoreError::Unreachable { endpoints: self.cluster.named.clone(), op: "wait", last });
+                    return Err(self.cluster.unreachable("wait", last));
                 }
                 Err(_) => return Ok(false),
             }
@@ -244,7 +244,7 @@ impl Store for EtcdStore {
         let deadline = Instant::now() + timeout;
         let lease = tokio::time::timeout_at(deadline, self.session.lease()).await.map_err(|_| {
             let last = format!("no lease within {timeout:?}");
-            StoreError::Unreachable { endpoints: self.cluster.named.clone(), op: "/v3/lease/grant", last }
+            self.cluster.unreachable("/v3/lease/grant", last)
         })??;
         let body = wire::put(&self.full(key), value, Some(lease));
         self.cluster.call::<Value>("/v3/kv/put", &body, deadline).await.map(drop)
