@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
-use super::state::{Grace, Input, Op};
+use super::state::{Grace, Input, Op, StopFor};
 use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
@@ -73,7 +73,7 @@ impl Work {
                 self.start(nproc, excluded, restart_count).await
             }
             Op::Watch => self.watch().await,
-            Op::Stop(sig, grace) => self.stop(sig, grace).await,
+            Op::Stop(sig, grace, why) => self.stop(sig, grace, why).await,
             Op::Reform { open, record } => self.reform(open, record).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier, failed } => self.finish(barrier, failed).await,
@@ -157,7 +157,7 @@ impl Work {
         }
     }
 
-    async fn stop(&mut self, sig: Signal, grace: Grace) -> Input {
+    async fn stop(&mut self, sig: Signal, grace: Grace, why: StopFor) -> Input {
         let membership = self.cfg.rdzv.membership_grace;
         let grace = match grace {
             Grace::Shutdown => self.cfg.shutdown_timeout,
@@ -168,7 +168,7 @@ impl Work {
             monitor.disarm();
         }
         let failures = match self.group.as_mut() {
-            Some(group) => group.stop(sig, grace).await,
+            Some(group) => group.stop(sig, grace, why.as_str()).await,
             None => Vec::new(),
         };
         self.group = None;

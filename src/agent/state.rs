@@ -222,13 +222,40 @@ pub enum Op {
     /// starts: a restart-class XID joins the incident, a drain-class one drains with no worker started.
     Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
     Watch,
-    Stop(Signal, Grace),
+    Stop(Signal, Grace, StopFor),
     /// `record`: a restart of this kind to add to the job's count first.
     Reform { open: bool, record: Option<StopKind> },
     Drain(Box<Fault>),
     /// `failed`: this node failed for good, with what the others are told.
     Finish { barrier: bool, failed: Option<String> },
     None,
+}
+
+/// What a stop is for, as the line for each worker it ends says (`stopped for the re-formation`): a worker
+/// the agent stopped on purpose is not a failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopFor {
+    /// A membership change, a fence or a GPU's exclusion: the group re-forms.
+    Reformation,
+    /// This node's failure, with a restart left.
+    Restart,
+    /// This node's failure, with none left.
+    Failure,
+    Drain,
+    /// A signal to the agent, or an error that ends it.
+    Shutdown,
+}
+
+impl StopFor {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StopFor::Reformation => "the re-formation",
+            StopFor::Restart => "the restart",
+            StopFor::Failure => "the group's failure",
+            StopFor::Drain => "the drain",
+            StopFor::Shutdown => "the shutdown",
+        }
+    }
 }
 
 /// How long a stop waits between its signal and SIGKILL.
@@ -368,20 +395,24 @@ impl State {
                 settle: self.spent_by_last_stop && !self.job.gpus.is_empty(),
             },
             Phase::Running => Op::Watch,
-            Phase::Stopping(Cause::Signal(sig)) => Op::Stop(*sig, Grace::Shutdown),
-            Phase::Stopping(Cause::Membership(RdzvEvent::Fenced { .. })) => Op::Stop(Signal::SIGTERM, Grace::Fenced),
-            // A hung collective cannot complete, so neither can a checkpoint that needs one; nor can one
-            // whose peers went with the store's host.
-            Phase::Stopping(
-                Cause::Membership(_)
-                | Cause::Restart { hang: true, .. }
-                | Cause::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })),
-            ) => Op::Stop(Signal::SIGTERM, Grace::Membership),
-            Phase::Stopping(_) => Op::Stop(Signal::SIGTERM, Grace::Shutdown),
+            Phase::Stopping(cause) => {
+                let (sig, grace) = stop_signal(cause);
+                Op::Stop(sig, grace, self.stop_for(cause))
+            }
             Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
             Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded), failed: self.failed_line(end) },
             Phase::Done(_) => Op::None,
+        }
+    }
+
+    fn stop_for(&self, cause: &Cause) -> StopFor {
+        match cause {
+            Cause::Membership(_) | Cause::Exclude(_) => StopFor::Reformation,
+            Cause::Restart { .. } if self.restarts_left() > 0 => StopFor::Restart,
+            Cause::Restart { .. } => StopFor::Failure,
+            Cause::Drain(_) => StopFor::Drain,
+            Cause::Signal(_) | Cause::Error(_) => StopFor::Shutdown,
         }
     }
 
@@ -413,4 +444,18 @@ impl State {
 pub(super) fn unexpected(phase: Phase, input: &str) -> Phase {
     let name = phase.name();
     Phase::Done(End::Error(AgentError::Internal(format!("input '{input}' in phase '{name}'"))))
+}
+
+/// The signal a stop sends and how long it waits before SIGKILL.
+fn stop_signal(cause: &Cause) -> (Signal, Grace) {
+    match cause {
+        Cause::Signal(sig) => (*sig, Grace::Shutdown),
+        Cause::Membership(RdzvEvent::Fenced { .. }) => (Signal::SIGTERM, Grace::Fenced),
+        // A hung collective cannot complete, so neither can a checkpoint that needs one; nor can one whose
+        // peers went with the store's host.
+        Cause::Membership(_)
+        | Cause::Restart { hang: true, .. }
+        | Cause::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })) => (Signal::SIGTERM, Grace::Membership),
+        _ => (Signal::SIGTERM, Grace::Shutdown),
+    }
 }

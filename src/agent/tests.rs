@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use nix::sys::signal::Signal;
 
-use super::state::{Cause, Effect, End, Grace, Input, Job, Op, Phase, State, Verdict};
+use super::state::{Cause, Effect, End, Grace, Input, Job, Op, Phase, State, StopFor, Verdict};
 use super::step::step;
 use super::AgentError;
 use crate::gpu::health::Fault;
@@ -131,7 +131,7 @@ fn a_preemption_warning_then_the_stop() {
     assert!(matches!(state.phase, Phase::Running), "{:?}", state.phase);
     run(&mut state, vec![Input::Signal(Signal::SIGTERM), Input::Notice(Signal::SIGUSR1)]);
     assert!(matches!(state.phase, Phase::Stopping(Cause::Signal(Signal::SIGTERM))), "{:?}", state.phase);
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Shutdown));
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Shutdown, StopFor::Shutdown));
     run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Done(End::Interrupted(Signal::SIGTERM))), "{:?}", state.phase);
     assert_eq!(state.restart_count, 0, "a preemption spends no restart");
@@ -144,7 +144,7 @@ fn the_store_host_gone_stops_with_the_membership_grace_and_a_failure_closes_with
     let gone = RdzvError::StoreHostEnded { node: "n0_7_0".into(), addr: "n0:29400".into() };
     run(&mut state, vec![Input::Failed(AgentError::Rendezvous(gone))]);
     // Its peers went with the store's host: no collective, nor a collective checkpoint, can complete.
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, Grace::Membership));
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, Grace::Membership, StopFor::Shutdown));
     run(&mut state, vec![Input::Stopped(Vec::new())]);
     assert!(matches!(&state.phase, Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })))));
     let mut state = State::new(job());
@@ -286,7 +286,7 @@ fn a_worker_failure_behind_a_membership_change_spends_no_restart() {
         let failed = Input::WorkerFailed { failure: failure(0), change: Some(change.clone()) };
         run(&mut state, vec![failed]);
         assert!(matches!(&state.phase, Phase::Stopping(Cause::Membership(e)) if *e == change), "{change:?}: {:?}", state.phase);
-        assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Membership));
+        assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Membership, StopFor::Reformation));
         run(&mut state, vec![Input::Stopped(vec![failure(1)])]);
         assert!(matches!(state.phase, Phase::Reforming { open: o } if o == open), "{change:?}: {:?}", state.phase);
         assert_eq!(state.restart_count, 0, "{change:?}");
@@ -307,8 +307,8 @@ fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported(
     use crate::config::OnHang;
     // (on-hang, suspect here, phase after the hang, op, phase once stopped, restarts spent)
     let table = [
-        (OnHang::Restart, true, "stopping", Some(Grace::Membership), "restarting", 1),
-        (OnHang::Restart, false, "stopping", Some(Grace::Membership), "restarting", 0),
+        (OnHang::Restart, true, "stopping", Some((Grace::Membership, StopFor::Restart)), "restarting", 1),
+        (OnHang::Restart, false, "stopping", Some((Grace::Membership, StopFor::Reformation)), "restarting", 0),
         (OnHang::Report, true, "running", None, "running", 0),
         (OnHang::Report, false, "running", None, "running", 0),
     ];
@@ -319,7 +319,7 @@ fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported(
         run(&mut state, vec![hung(here)]);
         assert_eq!(state.phase_name(), after, "{case}");
         match grace {
-            Some(g) => assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, g), "{case}"),
+            Some((g, why)) => assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, g, why), "{case}"),
             None => assert_eq!(state.op(), Op::Watch, "{case}"),
         }
         if grace.is_some() {
@@ -352,7 +352,7 @@ fn a_fenced_node_stops_with_the_fence_grace_and_rejoins() {
     let mut state = State::new(job());
     state.phase = Phase::Running;
     run(&mut state, vec![Input::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) })]);
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Fenced));
+    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Fenced, StopFor::Reformation));
     run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Reforming { open: true }));
     assert_eq!(state.restart_count, 0);
@@ -391,4 +391,28 @@ fn a_gpu_excluded_while_joining_lets_the_join_finish_then_reforms_and_refunds_th
     assert!(matches!(state.phase, Phase::Starting));
     run(&mut state, vec![Input::Started { gpus: Some([0, 1, 3].into()) }]);
     assert!(!state.spent_by_last_stop);
+}
+
+#[test]
+fn every_stop_says_what_it_is_for() {
+    let lost = || fault(0, FaultKind::Lost, Action::Drain);
+    let restart = || Cause::Restart { failures: vec![failure(0)], fault: None, hang: false };
+    // (the cause, restarts spent, what the stop is for)
+    let table = [
+        (Cause::Membership(RdzvEvent::PeerLost("n1".into())), 0, StopFor::Reformation),
+        (Cause::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) }), 0, StopFor::Reformation),
+        (Cause::Exclude(lost()), 0, StopFor::Reformation),
+        (restart(), 2, StopFor::Restart),
+        (restart(), 3, StopFor::Failure),
+        (Cause::Drain(lost()), 0, StopFor::Drain),
+        (Cause::Signal(Signal::SIGINT), 0, StopFor::Shutdown),
+        (Cause::Error(AgentError::Internal("x".into())), 0, StopFor::Shutdown),
+    ];
+    for (cause, spent, want) in table {
+        let case = format!("{cause:?} after {spent} restarts");
+        let mut state = State::new(job());
+        state.restart_count = spent;
+        state.phase = Phase::Stopping(cause);
+        assert!(matches!(state.op(), Op::Stop(_, _, why) if why == want), "{case}: {:?}", state.op());
+    }
 }

@@ -80,6 +80,8 @@ struct Worker {
     pid: i32,
     error_file: Option<PathBuf>,
     running: bool,
+    /// A stop signalled it: its death by a signal is that stop's doing, not a failure.
+    signalled: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -109,6 +111,8 @@ pub struct WorkerGroup {
     timer: Option<timer::FileTimer>,
     /// When the first stop of this group sends SIGKILL.
     stop_deadline: Option<Instant>,
+    /// What the stop under way is for (`the re-formation`), said of each worker it ends.
+    stopping_for: Option<&'static str>,
 }
 
 fn now_secs() -> i64 {
@@ -159,6 +163,7 @@ impl WorkerGroup {
             swept: false,
             timer: None,
             stop_deadline: None,
+            stopping_for: None,
         };
         let parent_env = |k: &str| std::env::var(k).ok();
         let fifo = match timer::timer_file(&parent_env, timer::agent_timer_file) {
@@ -272,7 +277,7 @@ impl WorkerGroup {
             let _ = tx.send(Exit { index, code, at: now_secs() });
         });
         tracing::debug!(local_rank, pid, "worker started");
-        self.workers.push(Worker { local_rank, global_rank, pid, error_file, running: true });
+        self.workers.push(Worker { local_rank, global_rank, pid, error_file, running: true, signalled: false });
         Ok(warm)
     }
 
@@ -318,16 +323,21 @@ impl WorkerGroup {
         };
         let w = &mut self.workers[exit.index];
         w.running = false;
-        if exit.code != 0 {
-            tracing::warn!(
-                "failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}",
-                exit.code,
-                w.local_rank,
-                w.pid,
-                self.binary
-            );
-            self.failed.push(exit);
+        match self.stopping_for {
+            // Still in `failed`: a restart's failure summary lists every rank that did not finish.
+            Some(purpose) if w.signalled && exit.code < 0 => {
+                tracing::info!("stopped for {purpose} (exitcode: {}) local_rank: {} (pid: {})", exit.code, w.local_rank, w.pid);
+                self.failed.push(exit);
+            }
+            _ if exit.code != 0 => self.failed_line(exit),
+            _ => {}
         }
+    }
+
+    fn failed_line(&mut self, exit: Exit) {
+        let w = &self.workers[exit.index];
+        tracing::warn!("failed (exitcode: {}) local_rank: {} (pid: {}) of binary: {}", exit.code, w.local_rank, w.pid, self.binary);
+        self.failed.push(exit);
     }
 
     fn running(&self) -> usize {
@@ -380,11 +390,14 @@ impl WorkerGroup {
 
     /// Stops every running worker: `sig` to each process group, up to `grace` for all of them, SIGKILL to
     /// the rest, then a sweep of what they left and the output pipes drained. Returns the failures (non-zero
-    /// exits) not reported by `watch`, which includes the workers that exited meanwhile. Run it to completion.
-    pub async fn stop(&mut self, sig: Signal, grace: Duration) -> Vec<ProcessFailure> {
-        for w in self.workers.iter().filter(|w| w.running) {
+    /// exits) not reported by `watch`, which includes the workers that exited meanwhile; a worker the stop's
+    /// signal ended is said to be `stopped for {purpose}`, not failed. Run it to completion.
+    pub async fn stop(&mut self, sig: Signal, grace: Duration, purpose: &'static str) -> Vec<ProcessFailure> {
+        self.stopping_for.get_or_insert(purpose);
+        for w in self.workers.iter_mut().filter(|w| w.running) {
             tracing::info!("sending process {} closing signal {}", w.pid, sig.as_str());
             let _ = children::signal_group(w.pid, sig);
+            w.signalled = true;
         }
         // A stop whose cause is upgraded (a SIGINT during a restart's stop) sends its signal but keeps the
         // first stop's deadline: one incident, one grace period.

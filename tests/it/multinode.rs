@@ -215,6 +215,11 @@ fn a_worker_crash_restarts_every_node_and_spends_only_its_own_restart() {
         assert_eq!(s.restart_count, expected, "{s:?}");
         assert_eq!(s.group_rank, group_rank_of(&before, &s.node), "group ranks are stable across a restart");
     }
+    // b's crash is a failure; a's worker, stopped for the re-formation, is not.
+    let (a, b) = (agents[0].log(), agents[1].log());
+    assert!(b.contains("WARN failed (exitcode: 1) local_rank: 0"), "{b}");
+    assert!(a.contains("INFO stopped for the re-formation (exitcode: -15) local_rank: 0"), "{a}");
+    assert!(!a.contains("failed (exitcode"), "{a}");
     job.finish();
     for a in &mut agents {
         assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
@@ -234,6 +239,12 @@ fn a_late_agent_scales_the_group_up_in_one_restart() {
     assert_eq!(worlds.iter().filter(|w| **w == 3).count(), 3, "one round of three, then one of four: {worlds:?}");
     assert_eq!(worlds.len(), 7, "exactly one re-formation: {worlds:?}");
     assert_eq!(group_rank_of(&world, "d"), 3, "the newcomer is appended");
+    // The three first nodes' workers were stopped on purpose: said as what it is, not as a failure.
+    for a in &agents[..3] {
+        let log = a.log();
+        assert_eq!(log.matches("INFO stopped for the re-formation (exitcode: -15) local_rank: 0 (pid: ").count(), 1, "{log}");
+        assert!(!log.contains("failed (exitcode"), "{log}");
+    }
     job.finish();
     for a in &mut agents {
         assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
