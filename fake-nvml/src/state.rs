@@ -10,6 +10,9 @@ use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::sync::{Mutex, MutexGuard};
 
+/// The XID of a GPU that fell off the bus.
+const XID_FELL_OFF_THE_BUS: u64 = 79;
+
 #[derive(Debug, Clone, Copy)]
 pub struct Event {
     pub gpu: usize,
@@ -166,6 +169,12 @@ impl State {
     fn apply(&mut self, line: &Line) {
         let g = line.gpu;
         match line.effect {
+            // XID 79 is the driver's report that the GPU fell off the bus: from then on every call on it
+            // answers GPU_IS_LOST, as `lost` does.
+            Effect::Xid(XID_FELL_OFF_THE_BUS) => {
+                self.push_event(g, EV_XID, XID_FELL_OFF_THE_BUS);
+                self.model.gpus[g].lost = true;
+            }
             Effect::Xid(code) => self.push_event(g, EV_XID, code),
             Effect::Dbe => {
                 let e = &mut self.model.gpus[g].ecc;

@@ -135,8 +135,8 @@ fn a_fault_kills_its_gpus_processes_after_the_event() {
     assert!(matches!(ev.event_data, Some(XidError::Value(79))));
     let status = env.await_status("killed 0 ");
     assert!(line_of(&status, "event 0 0x8 79") < line_of(&status, &format!("killed 0 pids=[{}]", victim.id())), "{status}");
-    // The plain line's behaviour is unchanged by the modifier: an XID 79 line does not mark the GPU lost.
-    assert!(nvml.device_by_index(0).unwrap().uuid().is_ok());
+    // XID 79 is a GPU fallen off the bus: lost from the event on, as with the driver.
+    assert!(matches!(nvml.device_by_index(0), Err(NvmlError::GpuLost)));
     let mut victim = victim;
     assert_eq!(victim.wait().unwrap().signal(), Some(9));
 }

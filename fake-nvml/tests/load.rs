@@ -361,11 +361,11 @@ fn events_injection_lost_and_timeout() {
         t.elapsed()
     );
 
-    // XID on GPU 2, injected while wait() is blocked.
+    // XID on GPU 2, injected while wait() is blocked (13: a 79 would leave the GPU lost).
     std::thread::scope(|s| {
         s.spawn(|| {
             std::thread::sleep(Duration::from_millis(100));
-            env.inject("xid 2 79");
+            env.inject("xid 2 13");
         });
         let t = Instant::now();
         let ev = set.wait(5000).unwrap();
@@ -378,7 +378,7 @@ fn events_injection_lost_and_timeout() {
         assert_eq!(ev.event_type, EventTypes::CRITICAL_XID_ERROR);
         assert!(matches!(
             ev.event_data,
-            Some(nvml_wrapper::enums::event::XidError::Value(79))
+            Some(nvml_wrapper::enums::event::XidError::Value(13))
         ));
     });
 

@@ -20,6 +20,8 @@ pub fn on_fault(state: &mut State, phase: Phase, fault: Fault) -> (Phase, Vec<Ef
     if let Some(verdict) = irrelevant(state, &fault) {
         return (phase, vec![Effect::Fault(Box::new(fault), verdict)]);
     }
+    // The fault a death was waited for has come: what it comes to is decided here.
+    state.died_on = None;
     let action = effective_action(state, &fault);
     let (next, verdict) = match (phase, action) {
         (phase @ (Phase::Done(_) | Phase::Draining(_) | Phase::Finishing(_)), _) => (phase, Verdict::Absorbed),

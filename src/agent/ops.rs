@@ -1,6 +1,7 @@
 //! The operations a phase runs (join, watch, stop, re-form, drain, finish; start is `start.rs`), each ending
 //! in the `Input` it comes to. Effects only: what they mean is `step`'s.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
 use crate::gpu::health::Fault;
+use crate::gpu::GpuInfo;
 use crate::observe::record::StopKind;
 use crate::rendezvous::{Published, RdzvError, Rendezvous, RoundInfo};
 use crate::store::tcp::Server;
@@ -66,15 +68,10 @@ impl Work {
     pub(super) async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
         match op {
             Op::Join => self.join(nproc, restart_count).await,
-            Op::Start { nproc, excluded, settle } => {
-                if settle {
-                    tokio::time::sleep(FAULT_SETTLE).await;
-                }
-                self.start(nproc, excluded, restart_count).await
-            }
+            Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
             Op::Stop(sig, grace, why) => self.stop(sig, grace, why).await,
-            Op::Reform { open, record } => self.reform(open, record).await,
+            Op::Reform { open, record, check } => self.reform(open, record, check).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier, failed } => self.finish(barrier, failed).await,
             Op::None => std::future::pending().await,
@@ -178,7 +175,10 @@ impl Work {
 
     /// Records the restart just spent in the job's count (`--job-max-restarts`; over it, the job is closed
     /// and this ends the agent), then opens the next round or follows it.
-    async fn reform(&mut self, open: bool, record: Option<StopKind>) -> Input {
+    async fn reform(&mut self, open: bool, record: Option<StopKind>, check: Option<BTreeSet<u32>>) -> Input {
+        if let Some(lost) = self.settle(check).await {
+            return Input::Fault(lost);
+        }
         if let Some(kind) = record {
             if let Err(e) = self.rendezvous.spend_restart(kind.restart_label()).await {
                 return Input::Failed(e.into());
@@ -190,6 +190,17 @@ impl Work {
             }
         }
         Input::Reformed
+    }
+
+    /// After a worker's death on `gpus`: a moment for the driver's event (the watcher's fault ends this
+    /// operation when it comes), then each GPU asked directly; the fault of the first that is lost.
+    async fn settle(&mut self, gpus: Option<BTreeSet<u32>>) -> Option<Fault> {
+        let (Some(gpus), Some(all)) = (gpus, self.gpus.as_ref()) else { return None };
+        tokio::time::sleep(FAULT_SETTLE).await;
+        let asked: Vec<GpuInfo> = all.all.iter().filter(|g| gpus.contains(&g.index)).cloned().collect();
+        let lost = crate::gpu::health::first_lost(all.nvml, &asked).await?;
+        tracing::warn!("GPU {} does not answer after its worker's death ({})", lost.index, lost.reason);
+        Some(self.lost_fault(lost.index))
     }
 
     /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the

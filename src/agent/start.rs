@@ -102,7 +102,7 @@ impl Work {
     }
 
     /// The fault a GPU that stopped answering amounts to.
-    fn lost_fault(&self, index: u32) -> Fault {
+    pub(super) fn lost_fault(&self, index: u32) -> Fault {
         let known = self.gpus.as_ref().and_then(|g| g.all.iter().find(|gpu| gpu.index == index).cloned());
         let gpu = known.unwrap_or_else(|| GpuInfo {
             index,

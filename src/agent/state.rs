@@ -217,14 +217,15 @@ pub enum Op {
     /// Join with `State::nproc()` workers as it is when the join starts: a GPU excluded meanwhile lets the
     /// join finish (dropping it halfway would leave this node's record in the round) and re-forms after.
     Join,
-    /// `settle`: the start follows a worker failure on a GPU node; it waits a moment first, so that the GPU
-    /// fault behind the death (the driver's XID often comes just after it) is met before a new worker
-    /// starts: a restart-class XID joins the incident, a drain-class one drains with no worker started.
-    Start { nproc: u32, excluded: BTreeSet<u32>, settle: bool },
+    Start { nproc: u32, excluded: BTreeSet<u32> },
     Watch,
     Stop(Signal, Grace, StopFor),
-    /// `record`: a restart of this kind to add to the job's count first.
-    Reform { open: bool, record: Option<StopKind> },
+    /// `record`: a restart of this kind to add to the job's count first. `check`: a worker on these GPUs
+    /// died by itself; the re-formation first waits a moment, so that the GPU fault behind the death (the
+    /// driver's XID comes tens of milliseconds after the process it killed) is met before anything else,
+    /// then asks each GPU directly: a restart-class XID joins the incident, a lost GPU drains the node (or
+    /// is excluded) before it joins a round or starts a worker.
+    Reform { open: bool, record: Option<StopKind>, check: Option<BTreeSet<u32>> },
     Drain(Box<Fault>),
     /// `failed`: this node failed for good, with what the others are told.
     Finish { barrier: bool, failed: Option<String> },
@@ -337,6 +338,8 @@ pub struct State {
     /// A restart the last stop spent, of this kind, not yet in the job's count (`--job-max-restarts`): the
     /// re-formation records it first, and ends the job if that takes it over its budget.
     pub unrecorded: Option<StopKind>,
+    /// The GPUs of a group one of whose workers died by itself, not checked since (see `Op::Reform`).
+    pub died_on: Option<BTreeSet<u32>>,
 }
 
 impl State {
@@ -349,6 +352,7 @@ impl State {
             in_use: None,
             spent_by_last_stop: false,
             unrecorded: None,
+            died_on: None,
         }
     }
 
@@ -389,20 +393,29 @@ impl State {
     pub fn op(&self) -> Op {
         match &self.phase {
             Phase::Joining => Op::Join,
-            Phase::Starting => Op::Start {
-                nproc: self.nproc(),
-                excluded: self.excluded.clone(),
-                settle: self.spent_by_last_stop && !self.job.gpus.is_empty(),
-            },
+            Phase::Starting => Op::Start { nproc: self.nproc(), excluded: self.excluded.clone() },
             Phase::Running => Op::Watch,
             Phase::Stopping(cause) => {
                 let (sig, grace) = stop_signal(cause);
                 Op::Stop(sig, grace, self.stop_for(cause))
             }
-            Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded },
+            Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded, check: self.to_check() },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
             Phase::Finishing(end) => Op::Finish { barrier: matches!(end, End::Succeeded), failed: self.failed_line(end) },
             Phase::Done(_) => Op::None,
+        }
+    }
+
+    /// The GPUs a worker died on, less those excluded since: what the next re-formation asks first.
+    fn to_check(&self) -> Option<BTreeSet<u32>> {
+        let left: BTreeSet<u32> = self.died_on.as_ref()?.difference(&self.excluded).copied().collect();
+        (!left.is_empty()).then_some(left)
+    }
+
+    /// A worker died by itself: on a GPU node, its group's GPUs are checked before the next round.
+    pub fn worker_died(&mut self) {
+        if !self.job.gpus.is_empty() {
+            self.died_on = Some(self.in_use.clone().unwrap_or_else(|| self.job.gpus.iter().copied().collect()));
         }
     }
 

@@ -62,9 +62,13 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
             Phase::Running
         }
         (Phase::Running, Input::Succeeded) => Phase::Finishing(End::Succeeded),
-        (Phase::Running, Input::WorkerFailed { failure, change }) => super::worker::on_worker_failed(failure, change),
+        (Phase::Running, Input::WorkerFailed { failure, change }) => {
+            state.worker_died();
+            super::worker::on_worker_failed(failure, change)
+        }
         (Phase::Reforming { .. }, Input::Reformed) => {
             state.unrecorded = None;
+            state.died_on = None;
             Phase::Joining
         }
         (Phase::Draining(fault), Input::Drained) => Phase::Done(End::Drained(fault)),

@@ -416,3 +416,62 @@ fn every_stop_says_what_it_is_for() {
         assert!(matches!(state.op(), Op::Stop(_, _, why) if why == want), "{case}: {:?}", state.op());
     }
 }
+
+/// The op the node runs once its group, on GPUs 0 and 1, stopped after `cause`.
+fn reform_after(job: Job, failed: Input) -> (State, Op) {
+    let mut state = State::new(job);
+    state.phase = Phase::Running;
+    state.in_use = Some([0, 1].into());
+    run(&mut state, vec![failed, Input::Stopped(Vec::new())]);
+    let op = state.op();
+    (state, op)
+}
+
+#[test]
+fn a_workers_death_on_a_gpu_node_checks_its_gpus_before_any_re_formation() {
+    let own = || Input::WorkerFailed { failure: failure(0), change: None };
+    let membership = || Input::WorkerFailed { failure: failure(0), change: Some(RdzvEvent::RoundChanged) };
+    let peer = || Input::Membership(RdzvEvent::PeerLost("n1".into()));
+    let hung = || hung(true);
+    let check = || Some([0, 1].into());
+    // (what stopped the group, on a GPU node?, what the re-formation checks first)
+    let table: [(&str, Input, bool, Option<BTreeSet<u32>>); 6] = [
+        // A restart, or a death that came with a membership change: the GPU fault behind it may follow.
+        ("death, restart", own(), true, check()),
+        ("death with a membership change", membership(), true, check()),
+        ("death without GPUs", own(), false, None),
+        // No worker died by itself: nothing to wait for.
+        ("a peer lost", peer(), true, None),
+        ("a hang", hung(), true, None),
+        ("a signal", Input::Signal(Signal::SIGTERM), true, None),
+    ];
+    for (case, input, gpus, want) in table {
+        let job = if gpus { job() } else { Job { gpus: BTreeSet::new(), ..job() } };
+        let (mut state, op) = reform_after(job, input);
+        match op {
+            Op::Reform { check, .. } => assert_eq!(check, want, "{case}"),
+            other => assert!(want.is_none() && !matches!(other, Op::Start { .. }), "{case}: {other:?}"),
+        }
+        if want.is_some() {
+            // Checked once: the re-formation done, the next one (another round) asks nothing.
+            run(&mut state, vec![Input::Reformed]);
+            state.phase = Phase::Reforming { open: false };
+            assert!(matches!(state.op(), Op::Reform { check: None, .. }), "{case}: {:?}", state.op());
+        }
+    }
+}
+
+#[test]
+fn the_fault_behind_a_death_ends_the_wait_for_it_and_decides() {
+    // XID 79 on GPU 1 while the re-formation waits, or as its own direct check found it: the node drains
+    // before it joins a round, and starts no worker.
+    let (mut state, _) = reform_after(job(), Input::WorkerFailed { failure: failure(1), change: None });
+    run(&mut state, vec![Input::Fault(fault(1, FaultKind::Lost, Action::Drain))]);
+    assert!(matches!(state.phase, Phase::Draining(_)), "{:?}", state.phase);
+    // With exclude, GPU 1 goes and the re-formation asks only what is left, no more than once.
+    let (mut state, _) = reform_after(job(), Input::WorkerFailed { failure: failure(1), change: None });
+    run(&mut state, vec![Input::Fault(fault(1, FaultKind::Xid(Some(79)), Action::Exclude))]);
+    assert!(matches!(state.op(), Op::Reform { check: None, .. }), "{:?}", state.op());
+    assert!(state.excluded.contains(&1));
+    assert_eq!(state.restart_count, 0, "the death's restart is refunded: one incident");
+}

@@ -309,6 +309,25 @@ pub async fn check_before_spawn(nvml: &'static Nvml, gpus: &[GpuInfo], wait: Dur
     }
 }
 
+/// The first of `gpus` that no longer answers (GPU_IS_LOST, or nothing within [`NVML_ANSWER_DEADLINE`]), asked
+/// directly: a GPU whose worker just died may be lost before the driver's event for it arrives.
+pub async fn first_lost(nvml: &'static Nvml, gpus: &[GpuInfo]) -> Option<LostGpu> {
+    for gpu in gpus {
+        let g = gpu.clone();
+        let asked = answer(gpu, NVML_ANSWER_DEADLINE, move || {
+            let failed = |e: NvmlError| LostGpu::from_nvml(&e, g.index, Some(&g.uuid));
+            nvml.device_by_index(g.index).map_err(failed)?.uuid().map_err(failed).map(drop)
+        })
+        .await;
+        match asked {
+            Err(lost) | Ok(Err(Some(lost))) => return Some(lost),
+            // Another error is no sign of a lost GPU; the start's own checks meet it.
+            Ok(Ok(())) | Ok(Err(None)) => {}
+        }
+    }
+    None
+}
+
 /// One compute process on `gpu` (None: none, or NVML cannot list them); an error when the GPU does not answer.
 fn compute_process(nvml: &Nvml, gpu: &GpuInfo) -> Result<Option<u32>, SpawnCheckError> {
     let failed = |e: NvmlError| match LostGpu::from_nvml(&e, gpu.index, Some(&gpu.uuid)) {

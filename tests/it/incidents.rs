@@ -192,6 +192,55 @@ fn xid79_with_its_workers_death_30ms_around_the_event() {
     }
 }
 
+/// Four nodes, `--nnodes 3:4`, `--on-gpu-fault exclude`: b's worker on GPU 1 dies and the driver raises XID 79
+/// on that GPU `after` ms later. The death alone would restart b's group (through a new round, as the others
+/// re-form too); the XID makes it drain, and no worker of b may start in between.
+fn xid79_after_its_workers_death(nproc: &str, after: u32) -> Duration {
+    let mut cluster = Cluster::new(&["a", "b", "c", "d"], true, &[]);
+    let events = cluster.path().join("b.events");
+    for name in ["a", "b", "c", "d"] {
+        let log = format!("--event-log={}", events.display());
+        let extra: &[&str] = if name == "b" { &["--on-gpu-fault=exclude", &log] } else { &["--on-gpu-fault=exclude"] };
+        cluster.start(name, "3:4", nproc, extra);
+    }
+    wait_world(cluster.path(), 8, 8);
+    let t0 = Instant::now();
+    cluster.node("b").gpus.inject(1, &format!("xid 1 79 kill=-{after}"));
+    cluster.expect_drained("b");
+    let world = wait_world(cluster.path(), 6, 6);
+    let took = t0.elapsed();
+    assert!(world.iter().all(|s| s.node != "b" && s.restart_count == 0), "the survivors' new world: {world:?}");
+    let log = cluster.agent("b").log();
+    assert!(log.contains("XID 79"), "b drained for another reason:\n{log}");
+    // A worker spawned and killed at once may never write its start: b's own transitions say whether it
+    // started any (a start ends in `running`).
+    let text = std::fs::read_to_string(&events).expect("b's event log");
+    let phases: Vec<String> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["name"] == "muster.agent.transition")
+        .map(|e| e["to"].as_str().unwrap_or("?").to_string())
+        .collect();
+    assert_eq!(phases.iter().filter(|p| *p == "running").count(), 1, "b started workers after the death: {phases:?}\n{log}");
+    assert_eq!(phases.last().map(String::as_str), Some("drained"), "{phases:?}");
+    let b = starts(cluster.path()).into_iter().filter(|s| s.node == "b").count();
+    assert_eq!(b, 2, "b started workers between its worker's death and the drain:\n{log}");
+    cluster.finish(&["a", "c", "d"]);
+    took
+}
+
+#[test]
+fn xid79_tens_of_ms_after_its_workers_death_starts_no_worker() {
+    for (nproc, after, name) in [
+        ("2", 15, "XID 79 15 ms after its worker's death, 4 nodes (--nproc-per-node 2)"),
+        ("gpu", 27, "XID 79 27 ms after its worker's death, 4 nodes (--nproc-per-node gpu)"),
+    ] {
+        play(name, "b starts no worker, exits 75, hook run; a+c+d re-form to world 6", move || {
+            xid79_after_its_workers_death(nproc, after)
+        });
+    }
+}
+
 #[test]
 fn xid13_with_its_workers_crash_spends_one_restart() {
     for (kill, name) in [
