@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 ensure_venv
 # Not --quiet: a first build takes minutes, and a newcomer must be able to tell it from a hang.
-echo "muster: building the release binary (cargo build --release: about 10 minutes the first time on a 2-core machine, seconds afterwards)" >&2
+echo "muster: building the release binary (cargo build --release: about 5 minutes the first time on a 2-core machine, seconds afterwards)" >&2
 cargo build --release
 ckpt="$(mktemp -d)"
 trap 'rm -rf "$ckpt"' EXIT
