@@ -188,3 +188,15 @@ ensure_nftables() {
     echo "muster: installing nftables and iproute2 with apt-get (once)" >&2
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends nftables iproute2 >/dev/null
 }
+
+# ensure_fuse: a FUSE file system for tests/it/gate.rs (tests/fixtures/stall_fs.py, whose daemon is stopped so
+# that the mount stops answering): fuse3 (fusermount) and libfuse2 from apt, fusepy in the torch venv.
+ensure_fuse() {
+    if ! command -v fusermount >/dev/null 2>&1 || ! ldconfig -p | grep -q 'libfuse.so.2 '; then
+        echo "muster: installing fuse3 and libfuse2 with apt-get (once)" >&2
+        apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends fuse3 libfuse2 >/dev/null
+    fi
+    if ! "$MUSTER_VENV/bin/python" -c 'import fuse' 2>/dev/null; then
+        "$MUSTER_VENV/bin/pip" install -q fusepy==3.0.1
+    fi
+}

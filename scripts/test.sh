@@ -19,6 +19,7 @@ export SLURM_CONF
 
 ensure_prometheus # tests/it/observe.rs scrapes the agents with a real Prometheus
 ensure_nftables # tests/it/partition.rs cuts hosts in network namespaces with nftables (as root)
+ensure_fuse # tests/it/gate.rs stalls a FUSE mount for the storage check
 
 # The house, checked before anything builds: no import circle between files of src/, observe independent
 # of the agent, nothing pointing outside the repository, signals and exit statuses each made in one place,

@@ -324,7 +324,16 @@ pub struct GpuModel {
     /// Active NVLinks, link index = position. `None` means the GPU has no NVLink at all
     /// (every NVLink query answers NOT_SUPPORTED).
     pub links: Option<Vec<Remote>>,
+    /// Links of `links` that are down (`nvlink <gpu> <link> down`): their state answers inactive.
+    pub links_down: Vec<u32>,
+    /// The clock-event (throttle) reasons, a bitmask of nvmlClocksEventReason* (`clocks <gpu> <mask>`).
+    pub clock_reasons: u64,
+    /// The SM (and graphics) clock in MHz (`clocks <gpu> <mask> sm=MHz`).
+    pub sm_clock: u32,
 }
+
+/// The SM clock a GPU reports until an incident sets another: an H100 SXM's boost clock.
+pub const DEFAULT_SM_CLOCK: u32 = 1980;
 
 #[derive(Debug, Clone)]
 pub struct Model {
@@ -517,6 +526,9 @@ impl Model {
                 lost: g.lost,
                 stall: None,
                 links: None,
+                links_down: Vec::new(),
+                clock_reasons: 0,
+                sm_clock: DEFAULT_SM_CLOCK,
             });
         }
 

@@ -269,3 +269,29 @@ pub unsafe extern "C" fn nvmlDeviceGetTemperature(
         put(temp, st.model.gpus[i].temperature)
     })
 }
+
+/// The clock-event reasons (`clocks <gpu> <mask>`): NVML's older name, which nvml-wrapper calls.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksThrottleReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) -> Ret {
+    with_gpu(device, |st, i| put(reasons, st.model.gpus[i].clock_reasons))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetCurrentClocksEventReasons(device: nvmlDevice_t, reasons: *mut c_ulonglong) -> Ret {
+    nvmlDeviceGetCurrentClocksThrottleReasons(device, reasons)
+}
+
+/// nvmlClockType_t: graphics 0, SM 1, memory 2, video 3.
+const CLOCK_MEM: c_uint = 2;
+/// An H100's HBM3 clock, in MHz.
+const MEM_CLOCK: c_uint = 2619;
+
+/// The current clock of `kind` in MHz: graphics and SM as `clocks <gpu> <mask> sm=MHz` last set them.
+#[no_mangle]
+pub unsafe extern "C" fn nvmlDeviceGetClockInfo(device: nvmlDevice_t, kind: c_uint, clock: *mut c_uint) -> Ret {
+    with_gpu(device, |st, i| match kind {
+        CLOCK_MEM => put(clock, MEM_CLOCK),
+        0 | 1 | 3 => put(clock, st.model.gpus[i].sm_clock),
+        _ => Err(INVALID_ARGUMENT),
+    })
+}

@@ -14,6 +14,12 @@ pub enum Effect {
     NoProcess(u64),
     Recovery(u32),
     Remap(Remap),
+    /// `retired <gpu> pending|clear`: a page retirement waiting for the next reset, or none.
+    Retired(bool),
+    /// `nvlink <gpu> <link> down|up`.
+    Nvlink { link: u32, up: bool },
+    /// `clocks <gpu> <reasons> [sm=MHz]`: the clock-event reasons (decimal or 0x hex) and the SM clock.
+    Clocks { reasons: u64, sm: Option<u32> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +56,14 @@ fn ms(s: &str) -> Option<Duration> {
     s.parse::<u64>().ok().map(Duration::from_millis)
 }
 
+/// A bitmask, decimal or `0x` hex.
+fn mask(s: &str) -> Option<u64> {
+    match s.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16).ok(),
+        None => s.parse().ok(),
+    }
+}
+
 fn remap(s: &str) -> Option<Remap> {
     match s {
         "pending" => Some(Remap::Pending),
@@ -81,6 +95,17 @@ pub fn parse(line: &str, gpus: usize) -> Result<Option<Line>, ()> {
         "noprocess" => Effect::NoProcess(num(2).ok_or(())?),
         "recovery" => Effect::Recovery(num(2).and_then(|a| u32::try_from(a).ok()).ok_or(())?),
         "remap" => Effect::Remap(words.get(2).copied().and_then(remap).ok_or(())?),
+        "retired" => match words.get(2).copied() {
+            Some("pending") => Effect::Retired(true),
+            Some("clear") => Effect::Retired(false),
+            _ => return Err(()),
+        },
+        "nvlink" => match (num(2).and_then(|l| u32::try_from(l).ok()), words.get(3).copied()) {
+            (Some(link), Some("down")) => Effect::Nvlink { link, up: false },
+            (Some(link), Some("up")) => Effect::Nvlink { link, up: true },
+            _ => return Err(()),
+        },
+        "clocks" => Effect::Clocks { reasons: words.get(2).copied().and_then(mask).ok_or(())?, sm: None },
         _ => return Err(()),
     };
     let mut out = Line { gpu, effect, kill: None, companions: Vec::new(), remap: None, stall: None };
@@ -102,6 +127,10 @@ pub fn parse(line: &str, gpus: usize) -> Result<Option<Line>, ()> {
             }
             "remap" if incident => out.remap = Some(remap(value).filter(|r| *r != Remap::Clear).ok_or(())?),
             "stall" if effect == Effect::Lost => out.stall = Some(ms(value).ok_or(())?),
+            "sm" => match &mut out.effect {
+                Effect::Clocks { sm, .. } => *sm = Some(value.parse().map_err(|_| ())?),
+                _ => return Err(()),
+            },
             _ => return Err(()),
         }
     }
@@ -129,6 +158,16 @@ mod tests {
             ("noprocess 1 777", Ok(Some(line(1, Effect::NoProcess(777))))),
             ("recovery 0 4", Ok(Some(line(0, Effect::Recovery(4))))),
             ("remap 0 pending", Ok(Some(line(0, Effect::Remap(Remap::Pending))))),
+            ("retired 1 pending", Ok(Some(line(1, Effect::Retired(true))))),
+            ("retired 1 clear", Ok(Some(line(1, Effect::Retired(false))))),
+            ("nvlink 0 3 down", Ok(Some(line(0, Effect::Nvlink { link: 3, up: false })))),
+            ("nvlink 0 3 up", Ok(Some(line(0, Effect::Nvlink { link: 3, up: true })))),
+            ("clocks 2 0x48", Ok(Some(line(2, Effect::Clocks { reasons: 0x48, sm: None })))),
+            ("clocks 2 0 sm=1200", Ok(Some(line(2, Effect::Clocks { reasons: 0, sm: Some(1200) })))),
+            ("nvlink 0 3 sideways", Err(())),
+            ("clocks 0 0xzz", Err(())),
+            ("clocks 0 8 sm=fast", Err(())),
+            ("dbe 0 sm=1200", Err(())),
             ("xid 4 13", Err(())),
             ("xid 0", Err(())),
             ("frobnicate 0", Err(())),

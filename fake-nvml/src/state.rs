@@ -201,6 +201,19 @@ impl State {
             Effect::NoProcess(pid) => self.model.gpus[g].processes.retain(|p| u64::from(p.0) != pid),
             Effect::Recovery(a) => self.model.gpus[g].recovery_action = a,
             Effect::Remap(r) => self.remap(g, r),
+            Effect::Retired(pending) => self.model.gpus[g].ecc.retired_pending = pending,
+            Effect::Nvlink { link, up } => {
+                let down = &mut self.model.gpus[g].links_down;
+                down.retain(|l| *l != link);
+                if !up {
+                    down.push(link);
+                }
+            }
+            Effect::Clocks { reasons, sm } => {
+                let gpu = &mut self.model.gpus[g];
+                gpu.clock_reasons = reasons;
+                gpu.sm_clock = sm.unwrap_or(gpu.sm_clock);
+            }
         }
         if let Some(r) = line.remap {
             self.remap(g, r);

@@ -121,7 +121,8 @@ pub unsafe extern "C" fn nvmlDeviceGetNvLinkState(
     active: *mut c_uint,
 ) -> Ret {
     with_gpu(device, |st, i| {
-        put(active, link(st, i, l)?.is_some() as c_uint)
+        let up = link(st, i, l)?.is_some() && !st.model.gpus[i].links_down.contains(&l);
+        put(active, up as c_uint)
     })
 }
 

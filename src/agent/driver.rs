@@ -63,7 +63,7 @@ impl Agent {
                 work.spares.set_next_start_possible(state.another_start_possible());
             }
             let (completion, forward) = {
-                let run = work.operate(op.clone(), state.restart_count, state.nproc());
+                let run = work.operate(op.clone(), state.restart_count, state.nproc(), state.excluded.clone());
                 tokio::pin!(run);
                 loop {
                     let input = tokio::select! {

@@ -4,17 +4,21 @@
 //! `--on-node-fault` hook with the check's name in `MUSTER_FAULT_KIND`, and ends with the check's line
 //! (exit 75).
 
+use std::collections::BTreeSet;
+
 use super::ops::Work;
 use super::AgentError;
 
 impl Work {
-    /// Runs the gate for a node of `nproc` workers; Err when a check failed (the node has left and the
-    /// hook has run).
-    pub(super) async fn health_gate(&mut self, nproc: u32) -> Result<(), AgentError> {
+    /// Runs the gate for a node of `nproc` workers, the `excluded` GPUs left out; Err when a check failed
+    /// (the node has left and the hook has run).
+    pub(super) async fn health_gate(&mut self, nproc: u32, excluded: BTreeSet<u32>) -> Result<(), AgentError> {
         if self.cfg.health.checks.is_empty() {
             return Ok(());
         }
-        let gate = self.cfg.health.gate(self.logs.run_dir().map(|d| d.to_path_buf()), nproc, &self.cfg.local_addr);
+        let logs = self.logs.run_dir().map(|d| d.to_path_buf());
+        let needed = self.gpu_job.then_some(nproc);
+        let gate = self.cfg.health.gate(logs, nproc, &self.cfg.local_addr, excluded, needed);
         let nvml = self.gpus.as_ref().map(|g| g.nvml);
         let report = tokio::task::spawn_blocking(move || crate::gate::run(&gate, nvml))
             .await

@@ -65,9 +65,10 @@ pub(super) struct Work {
 }
 
 impl Work {
-    pub(super) async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32) -> Input {
+    /// `excluded`: the GPUs the job no longer uses, as the join's health gate needs them.
+    pub(super) async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32, excluded: BTreeSet<u32>) -> Input {
         match op {
-            Op::Join => self.join(nproc, restart_count).await,
+            Op::Join => self.join(nproc, restart_count, excluded).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
             Op::Stop(sig, grace, why) => self.stop(sig, grace, why).await,
@@ -80,8 +81,8 @@ impl Work {
 
     /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
     /// others wait for it (or for a membership change that means it will never come).
-    async fn join(&mut self, nproc: u32, restart_count: u32) -> Input {
-        if let Err(e) = self.health_gate(nproc).await {
+    async fn join(&mut self, nproc: u32, restart_count: u32, excluded: BTreeSet<u32>) -> Input {
+        if let Err(e) = self.health_gate(nproc, excluded).await {
             return Input::Failed(e);
         }
         self.rendezvous.set_nproc(nproc);

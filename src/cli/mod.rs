@@ -246,7 +246,8 @@ pub struct Cli {
 
     /// muster: the health gate run before every join, checks from `storage,shm,network,gpu` (or `all`,
     /// `none`); a failing check drains the node (exit code 75, the --on-node-fault hook with
-    /// MUSTER_FAULT_KIND=<check>). `gpu` is not in the default yet: a GPU excluded after a fault would fail it.
+    /// MUSTER_FAULT_KIND=<check>). `gpu` is opt-in: it fails a pending row remap, which a contained XID 94
+    /// leaves while the fault policy restarts the workers on that GPU.
     #[arg(long = "gate-checks", env = "MUSTER_GATE_CHECKS", default_value = "storage,shm,network", value_name = "LIST")]
     pub gate_checks: String,
 

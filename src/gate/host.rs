@@ -43,9 +43,20 @@ pub(super) fn shm(config: &GateConfig) -> Finding {
     }
 }
 
+/// An interface as this node's network namespace sees it (getifaddrs, not sysfs: a /sys mounted in another
+/// namespace shows that one's interfaces).
+struct Iface {
+    name: String,
+    /// IFF_UP: administratively up.
+    up: bool,
+    /// IFF_RUNNING: operational, with a carrier.
+    running: bool,
+}
+
 /// The interface whose addresses include one `addr` resolves to (None: none here, say a name that
 /// resolves elsewhere: nothing to judge).
-fn interface_of(addr: &str) -> Option<String> {
+fn interface_of(addr: &str) -> Option<Iface> {
+    use nix::net::if_::InterfaceFlags;
     let ips: Vec<IpAddr> = match addr.parse::<IpAddr>() {
         Ok(ip) => vec![ip],
         Err(_) => (addr, 0).to_socket_addrs().ok()?.map(|a| a.ip()).collect(),
@@ -59,10 +70,41 @@ fn interface_of(addr: &str) -> Option<String> {
             _ => continue,
         };
         if ips.contains(&ip) {
-            return Some(iface.interface_name);
+            let flags = iface.flags;
+            return Some(Iface {
+                name: iface.interface_name,
+                up: flags.contains(InterfaceFlags::IFF_UP),
+                running: flags.contains(InterfaceFlags::IFF_RUNNING),
+            });
         }
     }
     None
+}
+
+/// Whether `sysfs` describes this namespace's `iface` (its `ifindex` is the one the kernel gives this
+/// namespace's interface of that name), or is a fixture tree given in `$MUSTER_SYSFS_ROOT`.
+fn sysfs_is_ours(sysfs: &Path, iface: &str) -> bool {
+    if sysfs != Path::new("/sys") {
+        return true;
+    }
+    let index = read(&sysfs.join("class/net").join(iface).join("ifindex")).and_then(|i| i.parse::<u32>().ok());
+    index.is_some() && index == nix::net::if_::if_nametoindex(iface).ok()
+}
+
+/// The link of the interface that carries the job's address: up with a carrier by its flags, then by sysfs
+/// (its state and carrier changes) where sysfs shows this namespace.
+fn judge_link(sysfs: &Path, iface: &Iface) -> Result<String, String> {
+    let name = &iface.name;
+    if !iface.up {
+        return Err(format!("{name} is down (administratively)"));
+    }
+    if !iface.running {
+        return Err(format!("{name} has no carrier (its cable, switch port or peer is down)"));
+    }
+    if sysfs_is_ours(sysfs, name) {
+        return link(sysfs, name);
+    }
+    Ok(format!("{name} up, running"))
 }
 
 fn read(path: &Path) -> Option<String> {
@@ -130,8 +172,8 @@ fn ib_ports(sysfs: &Path, filter: Option<&str>) -> Vec<(String, String, String, 
 pub(super) fn network(config: &GateConfig) -> Finding {
     let mut saw = Vec::new();
     match interface_of(&config.local_addr) {
-        Some(iface) if iface == "lo" => saw.push(format!("{} is on lo", config.local_addr)),
-        Some(iface) => match link(&config.sysfs, &iface) {
+        Some(iface) if iface.name == "lo" => saw.push(format!("{} is on lo", config.local_addr)),
+        Some(iface) => match judge_link(&config.sysfs, &iface) {
             Ok(s) => saw.push(s),
             Err(e) => {
                 return Finding::failed(Check::Network, format!("{e}: it carries {}", config.local_addr), "its link up with a carrier")
@@ -192,15 +234,9 @@ mod tests {
 
     fn config(sysfs: &Path, hca: Option<&str>) -> GateConfig {
         GateConfig {
-            checks: vec![Check::Network],
-            budget: std::time::Duration::from_secs(5),
-            paths: Vec::new(),
-            shm_per_worker: 0,
-            min_free: 0,
-            workers: 1,
-            local_addr: "127.0.0.1".into(),
             sysfs: sysfs.to_path_buf(),
             ib_hca: hca.map(str::to_string),
+            ..GateConfig::new(vec![Check::Network], Vec::new(), 1, "127.0.0.1")
         }
     }
 

@@ -20,6 +20,7 @@ mod gpu;
 mod host;
 mod storage;
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -88,6 +89,36 @@ pub struct GateConfig {
     pub sysfs: PathBuf,
     /// `NCCL_IB_HCA` as the workers will see it.
     pub ib_hca: Option<String>,
+    /// GPUs the job excluded (their fault is known): the GPU check skips them.
+    pub excluded: BTreeSet<u32>,
+    /// How many GPUs the workers are placed on, where they are placed on GPUs.
+    pub gpus_needed: Option<u32>,
+}
+
+/// `--gate-timeout`'s default, and `muster doctor`'s bound.
+pub const DEFAULT_BUDGET: std::time::Duration = std::time::Duration::from_secs(5);
+/// `--gate-shm-min`'s default, in MiB per worker.
+pub const DEFAULT_SHM_MIB: u32 = 128;
+/// Free space the shm check wants on the log directory's file system.
+const MIN_FREE: u64 = 100 << 20;
+
+impl GateConfig {
+    /// The default gate for `workers` workers at `local_addr`, probing `paths` (the log directory first).
+    pub fn new(checks: Vec<Check>, paths: Vec<PathBuf>, workers: u32, local_addr: &str) -> GateConfig {
+        GateConfig {
+            checks,
+            budget: DEFAULT_BUDGET,
+            paths,
+            shm_per_worker: u64::from(DEFAULT_SHM_MIB) << 20,
+            min_free: MIN_FREE,
+            workers,
+            local_addr: local_addr.to_string(),
+            sysfs: crate::gpu::topology::sysfs_root(),
+            ib_hca: std::env::var("NCCL_IB_HCA").ok(),
+            excluded: BTreeSet::new(),
+            gpus_needed: None,
+        }
+    }
 }
 
 /// One check's result: what it saw and, when it failed, what would pass.
@@ -181,7 +212,7 @@ fn one(check: Check, config: &GateConfig, nvml: Option<&'static nvml_wrapper::Nv
         Check::Storage => storage::check(&config.paths, deadline),
         Check::Shm => host::shm(config),
         Check::Network => host::network(config),
-        Check::Gpu => gpu::check(nvml),
+        Check::Gpu => gpu::check(nvml, &config.excluded, config.gpus_needed),
     }
 }
 
@@ -215,15 +246,8 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         nix::unistd::mkfifo(&dir.path().join(storage::probe_name()), nix::sys::stat::Mode::S_IRWXU).expect("mkfifo");
         let config = GateConfig {
-            checks: vec![Check::Storage],
             budget: Duration::from_millis(300),
-            paths: vec![dir.path().to_path_buf()],
-            shm_per_worker: 0,
-            min_free: 0,
-            workers: 1,
-            local_addr: "127.0.0.1".into(),
-            sysfs: PathBuf::from("/sys"),
-            ib_hca: None,
+            ..GateConfig::new(vec![Check::Storage], vec![dir.path().to_path_buf()], 1, "127.0.0.1")
         };
         let report = run(&config, None);
         let failed = report.failed().expect("nothing answers in no time");

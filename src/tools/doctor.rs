@@ -40,17 +40,8 @@ struct DoctorArgs {
 fn health_gate(args: &DoctorArgs, nvml: Option<&'static nvml_wrapper::Nvml>) -> Result<Vec<String>, ToolError> {
     let checks = crate::gate::Check::parse_list(&args.gate_checks).map_err(|e| ToolError::Usage(format!("--gate-checks: {e}")))?;
     let paths = if args.gate_path.is_empty() { vec![std::path::PathBuf::from(".")] } else { args.gate_path.clone() };
-    let gate = crate::gate::GateConfig {
-        checks,
-        budget: Duration::from_secs(5),
-        paths,
-        shm_per_worker: 128 << 20,
-        min_free: 100 << 20,
-        workers: 1,
-        local_addr: args.local_addr.clone().unwrap_or_else(crate::host::fqdn),
-        sysfs: crate::gpu::topology::sysfs_root(),
-        ib_hca: std::env::var("NCCL_IB_HCA").ok(),
-    };
+    let local_addr = args.local_addr.clone().unwrap_or_else(crate::host::fqdn);
+    let gate = crate::gate::GateConfig::new(checks, paths, 1, &local_addr);
     let report = crate::gate::run(&gate, nvml);
     crate::outln!("health gate ({} ms):", report.took.as_millis());
     crate::out!("{}", report.table());

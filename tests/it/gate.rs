@@ -36,3 +36,185 @@ fn doctor_prints_the_health_gate_as_a_table() {
         assert!(out.stdout.lines().any(|l| l.starts_with(check) && l.contains(" ok ")), "{check}: {}", out.stdout);
     }
 }
+
+/// A FUSE file system (`tests/fixtures/stall_fs.py`) mounted at `mount`, served from `backing`; unmounted
+/// (lazily, whatever state its daemon is in) and its daemon killed when dropped.
+struct StallFs {
+    daemon: Guard,
+    mount: std::path::PathBuf,
+}
+
+impl StallFs {
+    fn mount(backing: &std::path::Path, mount: &std::path::Path) -> StallFs {
+        let mut cmd = std::process::Command::new(python());
+        cmd.arg(fixture("stall_fs.py")).arg(backing).arg(mount);
+        let fs = StallFs { daemon: Guard::spawn(&mut cmd), mount: mount.to_path_buf() };
+        let shown = mount.display().to_string();
+        let mounted = eventually(LONG, || {
+            std::fs::read_to_string("/proc/mounts").is_ok_and(|m| m.lines().any(|l| l.split(' ').nth(1) == Some(&shown)))
+        });
+        assert!(mounted, "the FUSE daemon did not mount {shown} (fusepy and fuse3 come with scripts/test.sh)");
+        fs
+    }
+
+    /// SIGSTOP: from now on every call under the mount blocks in the kernel, as on a cut-off NFS server.
+    fn stall(&self) {
+        // SAFETY: plain kill(2) of a process this test started.
+        assert_eq!(unsafe { libc::kill(self.daemon.pid(), libc::SIGSTOP) }, 0);
+    }
+}
+
+impl Drop for StallFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("fusermount").arg("-u").arg("-z").arg(&self.mount).status();
+        // SAFETY: plain kill(2) of a process this test started.
+        unsafe {
+            libc::kill(self.daemon.pid(), libc::SIGCONT);
+            libc::kill(self.daemon.pid(), libc::SIGKILL);
+        }
+    }
+}
+
+/// Three nodes; b's `--gate-path` is a FUSE mount whose daemon then stops, and b's worker crashes: the
+/// gate before b's rejoin finds the mount not answering within `--gate-timeout`, b drains (exit 75, the
+/// hook with `storage`), its agent not held by the blocked probe, and a and c re-form without it.
+#[test]
+fn a_file_system_that_stops_answering_drains_the_node_and_the_others_reform() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (backing, mount) = (dir.path().join("backing"), dir.path().join("mnt"));
+    std::fs::create_dir_all(&backing).expect("backing dir");
+    std::fs::create_dir_all(&mount).expect("mount point");
+    let fs = StallFs::mount(&backing, &mount);
+    let run_id = format!("gate{}", std::process::id());
+    let hook_out = dir.path().join("hook.env");
+    let args = |node: &str, endpoint: &str, extra: &[String]| {
+        let conf = if node == "a" { "is_host=1,last_call_timeout=1" } else { "last_call_timeout=1" };
+        AgentArgs::c10d("2:3", endpoint)
+            .nproc(1)
+            .conf(conf)
+            .run_id(&run_id)
+            .opt("--max-restarts=2")
+            .opts(extra)
+            .script(fixture("incident_worker.py"))
+            .arg(dir.path())
+            .build()
+    };
+    let mut a = Agent::start("a", &args("a", "127.0.0.1:0", &[]));
+    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
+    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
+    let b_extra = [format!("--gate-path={}", mount.display()), "--gate-timeout=2".into(), "--on-node-fault".into(), hook];
+    let mut b = Agent::start("b", &args("b", &endpoint, &b_extra));
+    let mut c = Agent::start("c", &args("c", &endpoint, &[]));
+    wait_world(dir.path(), 3, 3);
+
+    fs.stall();
+    std::fs::write(dir.path().join("crash-b"), "").expect("crash b");
+    assert_eq!(b.exit_code(LONG), Some(75), "{}", b.log());
+    let log = b.log();
+    assert!(log.contains("health check 'storage' failed: it did not finish within 2s"), "{log}");
+    let env = std::fs::read_to_string(&hook_out).expect("the hook ran");
+    assert!(env.contains("MUSTER_FAULT_KIND=storage"), "{env}");
+    let world = wait_world(dir.path(), 2, 2);
+    assert!(world.iter().all(|s| s.node != "b"), "a and c re-form without b: {world:?}");
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());
+    drop(fs);
+}
+
+/// `/dev/shm` a 16 MiB tmpfs (a container's small default), in a mount namespace of the agent's own: with
+/// the default `--gate-shm-min` the shm check fails before the first join (exit 75, the hook with `shm`).
+#[test]
+fn a_small_dev_shm_fails_the_default_gate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let hook_out = dir.path().join("hook.env");
+    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
+    let args = AgentArgs::c10d(1, "127.0.0.1:0")
+        .nproc(2)
+        .conf("is_host=1")
+        .opts(["--on-node-fault", &hook])
+        .script(fixture("incident_worker.py"))
+        .arg(dir.path())
+        .build();
+    let program = muster().get_program().to_owned();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm && exec \"$@\"", "sh"])
+        .arg(program)
+        .args(&args)
+        .env("PATH", path_with_venv())
+        .env("MUSTER_TEST_NODE", "a");
+    let mut agent = Agent::spawn(&mut cmd);
+    assert_eq!(agent.exit_code(LONG), Some(75), "{}", agent.log());
+    assert!(agent.log().contains("health check 'shm' failed: /dev/shm has 16 MiB free, 2 worker(s) want 256 MiB"), "{}", agent.log());
+    let env = std::fs::read_to_string(&hook_out).expect("the hook ran");
+    assert!(env.contains("MUSTER_FAULT_KIND=shm"), "{env}");
+    assert!(starts(dir.path()).is_empty(), "a worker started on a node that failed its gate");
+}
+
+/// One agent of two workers on two fake GPUs with `gates`, GPU 1 in the state `line` leaves it in before the
+/// agent starts; returns the agent and the directory its workers and hook write to.
+fn on_fake_gpus(line: &str, opts: &[&str]) -> (Agent, tempfile::TempDir, common::gpus::FakeNode) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpus = common::gpus::FakeNode::new(dir.path(), "a", 2, &[]);
+    if !line.is_empty() {
+        gpus.write(line);
+    }
+    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", dir.path().join("hook.env").display());
+    let args = AgentArgs::c10d(1, "127.0.0.1:0")
+        .nproc(2)
+        .conf("is_host=1")
+        .opts(["--on-node-fault", &hook])
+        .opts(opts)
+        .script(fixture("incident_worker.py"))
+        .arg(dir.path())
+        .build();
+    let agent = Agent::start_with_env("a", &args, &gpus.env());
+    (agent, dir, gpus)
+}
+
+/// GPU 1 degraded in a way the fault watcher does not act on, before the job starts: the gpu check fails the
+/// first join (exit 75, the hook with `gpu`, no worker started).
+#[test]
+fn a_degraded_gpu_fails_the_gpu_check() {
+    let cases = [
+        ("remap 1 pending", "GPU 1: a row remap is pending (it takes effect at the next GPU reset)"),
+        ("retired 1 pending", "GPU 1: a page retirement is pending (it takes effect at the next GPU reset)"),
+        ("clocks 1 0x40", "GPU 1: its clocks are slowed while it runs nothing (ThrottleReasons(HW_THERMAL_SLOWDOWN))"),
+        ("clocks 1 0x80", "GPU 1: its clocks are slowed while it runs nothing (ThrottleReasons(HW_POWER_BRAKE_SLOWDOWN))"),
+        ("nvlink 1 3 down", "GPU 1 has 17 NVLink(s) up, its peers 18"),
+    ];
+    for (line, saw) in cases {
+        let (mut agent, dir, _gpus) = on_fake_gpus(line, &["--gate-checks=gpu"]);
+        assert_eq!(agent.exit_code(LONG), Some(75), "{line}: {}", agent.log());
+        let want = format!("health check 'gpu' failed: {saw}; every GPU answering");
+        assert!(agent.log().contains(&want), "{line}: {}", agent.log());
+        let env = std::fs::read_to_string(dir.path().join("hook.env")).expect("the hook ran");
+        assert!(env.contains("MUSTER_FAULT_KIND=gpu"), "{line}: {env}");
+        assert!(starts(dir.path()).is_empty(), "{line}: a worker started on a node that failed its gate");
+    }
+}
+
+/// Every check on healthy fake GPUs passes: the job runs and finishes; a GPU only busy with its clock set by
+/// the administrator (not a slowdown) is healthy too.
+#[test]
+fn healthy_gpus_pass_every_check() {
+    let (mut agent, dir, _gpus) = on_fake_gpus("clocks 0 0x4", &["--gate-checks=all"]);
+    let world = wait_world(dir.path(), 2, 2);
+    assert_eq!(world.len(), 2, "{}", agent.log());
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+}
+
+/// A double-bit ECC error on GPU 1 with `--on-gpu-fault exclude`: the node re-forms on GPU 0 alone, and the
+/// gate before that rejoin leaves the excluded GPU (whose error it would fail) out.
+#[test]
+fn the_gpu_check_leaves_an_excluded_gpu_out() {
+    let (mut agent, dir, gpus) = on_fake_gpus("", &["--gate-checks=gpu", "--on-gpu-fault=exclude"]);
+    wait_world(dir.path(), 2, 2);
+    gpus.inject(1, "dbe 1");
+    let world = wait_world(dir.path(), 1, 1);
+    assert_eq!(world.len(), 1, "{world:?}\n{}", agent.log());
+    assert!(!agent.log().contains("health check"), "{}", agent.log());
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+}

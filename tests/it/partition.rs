@@ -31,6 +31,7 @@ use crate::common;
 mod c10d;
 mod cut;
 mod etcd;
+mod gate;
 mod harness;
 mod job;
 mod loss;
