@@ -195,9 +195,11 @@ fn scenario(ending: Ending, on: usize) -> Duration {
 
 fn play_ending(ending: Ending, on: usize) {
     let want = expected(ending, on);
+    // A node killed by a signal has no exit code.
+    let own = want.own.map_or_else(|| "killed".to_string(), |c| format!("exits {c}"));
     let documented = match want.others {
-        Some((code, _)) => format!("{} exits {:?}, the others {code}", NODES[on], want.own),
-        None => format!("{} exits {:?}, the others re-form", NODES[on], want.own),
+        Some((code, _)) => format!("{} {own}, the others {code}", NODES[on]),
+        None => format!("{} {own}, the others re-form", NODES[on]),
     };
     let name = format!("{ending:?} on the {}", if on == HOST { "host" } else { "member" });
     play("STOREHOST", "MUSTER_STORE_HOST_RUNS", &name, &documented, || scenario(ending, on));
