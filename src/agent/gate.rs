@@ -13,7 +13,7 @@ impl Work {
     /// Runs the gate for a node of `nproc` workers, the `excluded` GPUs left out; Err when a check failed
     /// (the node has left and the hook has run).
     pub(super) async fn health_gate(&mut self, nproc: u32, excluded: BTreeSet<u32>) -> Result<(), AgentError> {
-        if self.cfg.health.checks.is_empty() {
+        if self.cfg.health.is_off() {
             return Ok(());
         }
         let logs = self.logs.run_dir().map(|d| d.to_path_buf());

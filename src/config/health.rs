@@ -9,15 +9,10 @@ use super::{bad, ConfigError};
 use crate::cli::Cli;
 use crate::gate::{Check, GateConfig};
 
+/// The gate as the command line set it, built once: each join's gate is this with the node's own parts.
 #[derive(Debug, Clone)]
 pub struct Health {
-    pub checks: Vec<Check>,
-    pub budget: Duration,
-    pub paths: Vec<PathBuf>,
-    pub shm_per_worker: u64,
-    pub sysfs: PathBuf,
-    /// `NCCL_IB_HCA` as the workers inherit it.
-    pub ib_hca: Option<String>,
+    base: GateConfig,
 }
 
 impl Health {
@@ -30,29 +25,25 @@ impl Health {
                 return Err(bad(format!("--gate-path {}: not a directory; name a directory the job writes to", path.display())));
             }
         }
-        Ok(Health {
-            checks,
+        let base = GateConfig {
             budget,
-            paths: cli.gate_path.clone(),
             shm_per_worker: u64::from(cli.gate_shm_min) << 20,
-            sysfs: crate::gpu::topology::sysfs_root(),
-            ib_hca: std::env::var("NCCL_IB_HCA").ok(),
-        })
+            ..GateConfig::new(checks, cli.gate_path.clone(), 0, "")
+        };
+        Ok(Health { base })
     }
 
-    /// The gate for a node of `workers` workers at `local_addr`, whose logs go to `logs` (if anywhere);
-    /// `excluded`: the GPUs the job no longer uses; `gpus_needed`: where the workers are placed on GPUs.
+    /// Whether any check is asked for.
+    pub fn is_off(&self) -> bool {
+        self.base.checks.is_empty()
+    }
+
+    /// The gate for a node of `workers` workers at `local_addr`, whose logs go to `logs` (if anywhere), probed
+    /// before the `--gate-path`s; `excluded`: the GPUs the job no longer uses; `gpus_needed`: where the workers
+    /// are placed on GPUs.
     pub fn gate(&self, logs: Option<PathBuf>, workers: u32, local_addr: &str, excluded: BTreeSet<u32>, gpus_needed: Option<u32>) -> GateConfig {
-        let paths = logs.into_iter().chain(self.paths.iter().cloned()).collect();
-        GateConfig {
-            budget: self.budget,
-            shm_per_worker: self.shm_per_worker,
-            sysfs: self.sysfs.clone(),
-            ib_hca: self.ib_hca.clone(),
-            excluded,
-            gpus_needed,
-            ..GateConfig::new(self.checks.clone(), paths, workers, local_addr)
-        }
+        let paths = logs.into_iter().chain(self.base.paths.iter().cloned()).collect();
+        GateConfig { paths, workers, local_addr: local_addr.to_string(), excluded, gpus_needed, ..self.base.clone() }
     }
 }
 

@@ -4,6 +4,7 @@
 use crate::common;
 
 use common::cluster::*;
+use common::gate::{expect_gate_failed, hooked_node};
 use common::*;
 
 /// `/dev/shm` cannot hold what `--gate-shm-min` asks per worker: the shm check fails, no worker starts,
@@ -11,21 +12,9 @@ use common::*;
 #[test]
 fn a_failing_check_drains_the_node_before_any_worker_starts() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hook_out = dir.path().join("hook.env");
-    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
-    let args = AgentArgs::c10d(1, "127.0.0.1:0")
-        .nproc(2)
-        .conf("is_host=1")
-        .opts(["--gate-shm-min=999999999", "--on-node-fault", &hook])
-        .script(fixture("incident_worker.py"))
-        .arg(dir.path())
-        .build();
-    let mut agent = Agent::start("a", &args);
-    assert_eq!(agent.exit_code(LONG), Some(75), "{}", agent.log());
-    assert!(agent.log().contains("health check 'shm' failed: /dev/shm has"), "{}", agent.log());
-    let env = std::fs::read_to_string(&hook_out).expect("the hook ran");
-    assert!(env.contains("MUSTER_FAULT_KIND=shm") && env.contains("MUSTER_FAULT_DETAIL=health check 'shm' failed"), "{env}");
-    assert!(starts(dir.path()).is_empty(), "a worker started on a node that failed its gate");
+    let mut agent = Agent::start("a", &hooked_node(dir.path(), 2, &["--gate-shm-min=999999999"]));
+    let env = expect_gate_failed(&mut agent, dir.path(), "shm", "/dev/shm has");
+    assert!(env.contains("MUSTER_FAULT_DETAIL=health check 'shm' failed"), "{env}");
 }
 
 /// `muster doctor` prints the gate as a table, every default check ok on this machine.
@@ -127,15 +116,7 @@ fn a_file_system_that_stops_answering_drains_the_node_and_the_others_reform() {
 #[test]
 fn a_small_dev_shm_fails_the_default_gate() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let hook_out = dir.path().join("hook.env");
-    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
-    let args = AgentArgs::c10d(1, "127.0.0.1:0")
-        .nproc(2)
-        .conf("is_host=1")
-        .opts(["--on-node-fault", &hook])
-        .script(fixture("incident_worker.py"))
-        .arg(dir.path())
-        .build();
+    let args = hooked_node(dir.path(), 2, &[]);
     let program = muster().get_program().to_owned();
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c", "mount -t tmpfs -o size=16m tmpfs /dev/shm && exec \"$@\"", "sh"])
@@ -144,11 +125,7 @@ fn a_small_dev_shm_fails_the_default_gate() {
         .env("PATH", path_with_venv())
         .env("MUSTER_TEST_NODE", "a");
     let mut agent = Agent::spawn(&mut cmd);
-    assert_eq!(agent.exit_code(LONG), Some(75), "{}", agent.log());
-    assert!(agent.log().contains("health check 'shm' failed: /dev/shm has 16 MiB free, 2 worker(s) want 256 MiB"), "{}", agent.log());
-    let env = std::fs::read_to_string(&hook_out).expect("the hook ran");
-    assert!(env.contains("MUSTER_FAULT_KIND=shm"), "{env}");
-    assert!(starts(dir.path()).is_empty(), "a worker started on a node that failed its gate");
+    expect_gate_failed(&mut agent, dir.path(), "shm", "/dev/shm has 16 MiB free, 2 worker(s) want 256 MiB");
 }
 
 /// One agent of two workers on two fake GPUs with `gates`, GPU 1 in the state `line` leaves it in before the
@@ -159,16 +136,7 @@ fn on_fake_gpus(line: &str, opts: &[&str]) -> (Agent, tempfile::TempDir, common:
     if !line.is_empty() {
         gpus.write(line);
     }
-    let hook = format!("env | grep '^MUSTER_FAULT_' > {}", dir.path().join("hook.env").display());
-    let args = AgentArgs::c10d(1, "127.0.0.1:0")
-        .nproc(2)
-        .conf("is_host=1")
-        .opts(["--on-node-fault", &hook])
-        .opts(opts)
-        .script(fixture("incident_worker.py"))
-        .arg(dir.path())
-        .build();
-    let agent = Agent::start_with_env("a", &args, &gpus.env());
+    let agent = Agent::start_with_env("a", &hooked_node(dir.path(), 2, opts), &gpus.env());
     (agent, dir, gpus)
 }
 
@@ -185,12 +153,7 @@ fn a_degraded_gpu_fails_the_gpu_check() {
     ];
     for (line, saw) in cases {
         let (mut agent, dir, _gpus) = on_fake_gpus(line, &["--gate-checks=gpu"]);
-        assert_eq!(agent.exit_code(LONG), Some(75), "{line}: {}", agent.log());
-        let want = format!("health check 'gpu' failed: {saw}; every GPU answering");
-        assert!(agent.log().contains(&want), "{line}: {}", agent.log());
-        let env = std::fs::read_to_string(dir.path().join("hook.env")).expect("the hook ran");
-        assert!(env.contains("MUSTER_FAULT_KIND=gpu"), "{line}: {env}");
-        assert!(starts(dir.path()).is_empty(), "{line}: a worker started on a node that failed its gate");
+        expect_gate_failed(&mut agent, dir.path(), "gpu", &format!("{saw}; every GPU answering"));
     }
 }
 

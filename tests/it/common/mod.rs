@@ -3,6 +3,7 @@
 
 pub mod cluster;
 pub mod etcd;
+pub mod gate;
 pub mod gpus;
 pub mod netns;
 pub mod repeat;
