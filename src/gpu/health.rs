@@ -314,15 +314,10 @@ pub async fn check_before_spawn(nvml: &'static Nvml, gpus: &[GpuInfo], wait: Dur
 pub async fn first_lost(nvml: &'static Nvml, gpus: &[GpuInfo]) -> Option<LostGpu> {
     for gpu in gpus {
         let g = gpu.clone();
-        let asked = answer(gpu, NVML_ANSWER_DEADLINE, move || {
-            let failed = |e: NvmlError| LostGpu::from_nvml(&e, g.index, Some(&g.uuid));
-            nvml.device_by_index(g.index).map_err(failed)?.uuid().map_err(failed).map(drop)
-        })
-        .await;
-        match asked {
-            Err(lost) | Ok(Err(Some(lost))) => return Some(lost),
-            // Another error is no sign of a lost GPU; the start's own checks meet it.
-            Ok(Ok(())) | Ok(Err(None)) => {}
+        match answer(gpu, NVML_ANSWER_DEADLINE, move || compute_process(nvml, &g)).await {
+            Err(lost) | Ok(Err(SpawnCheckError::GpuLost(lost))) => return Some(lost),
+            // A process still there, or another error, is no sign of a lost GPU; the start's checks meet it.
+            Ok(_) => {}
         }
     }
     None
