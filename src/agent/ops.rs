@@ -71,7 +71,12 @@ impl Work {
             Op::Join => self.join(nproc, restart_count, excluded).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
-            Op::Stop(sig, grace, why) => self.stop(sig, grace, why).await,
+            Op::Stop { sig, grace, why, open_first } => {
+                if open_first {
+                    self.open_before_stop().await;
+                }
+                self.stop(sig, grace, why).await
+            }
             Op::Reform { open, record, check } => self.reform(open, record, check).await,
             Op::Drain(fault) => self.drain(&fault).await,
             Op::Finish { barrier, failed } => self.finish(barrier, failed).await,
@@ -152,6 +157,17 @@ impl Work {
                 Err(e) => Input::Failed(e.into()),
             },
             found = hang => Input::Hung(Box::new(found)),
+        }
+    }
+
+    /// Moves the round before the workers stop, within one round trip's bound: past it, or on an error, the
+    /// stop goes on and the re-formation opens the round as it always does (`open_next_round` is idempotent).
+    async fn open_before_stop(&mut self) {
+        let bound = self.rendezvous.timing().request_bound;
+        match tokio::time::timeout(bound, self.rendezvous.open_next_round()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("could not open the next round before stopping the workers: {e}"),
+            Err(_) => tracing::debug!("could not open the next round within {bound:?}; stopping the workers first"),
         }
     }
 

@@ -219,7 +219,8 @@ pub enum Op {
     Join,
     Start { nproc: u32, excluded: BTreeSet<u32> },
     Watch,
-    Stop(Signal, Grace, StopFor),
+    /// `open_first`: the next round is opened before the first worker is stopped (see `opens_first`).
+    Stop { sig: Signal, grace: Grace, why: StopFor, open_first: bool },
     /// `record`: a restart of this kind to add to the job's count first. `check`: a worker on these GPUs
     /// died by itself; the re-formation first waits a moment, so that the GPU fault behind the death (the
     /// driver's XID comes tens of milliseconds after the process it killed) is met before anything else,
@@ -397,7 +398,7 @@ impl State {
             Phase::Running => Op::Watch,
             Phase::Stopping(cause) => {
                 let (sig, grace) = stop_signal(cause);
-                Op::Stop(sig, grace, self.stop_for(cause))
+                Op::Stop { sig, grace, why: self.stop_for(cause), open_first: opens_first(cause) }
             }
             Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded, check: self.to_check() },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
@@ -460,6 +461,19 @@ pub(super) fn unexpected(phase: Phase, input: &str) -> Phase {
 }
 
 /// The signal a stop sends and how long it waits before SIGKILL.
+/// Whether a stop opens the next round before it stops a worker: for a change this node saw and the others
+/// may not have yet (a neighbour lost, joiners waiting, a hang named elsewhere, a GPU excluded here). Their
+/// workers fail as soon as these stop; with the round already moved, each of them reads that failure as
+/// this change's (`change_behind_failure`) rather than as its own, and spends no restart. Not when the store
+/// does not answer (fenced, an outage: the stop cannot wait for it), nor for a restart, whose count the
+/// re-formation records before it opens the round.
+fn opens_first(cause: &Cause) -> bool {
+    matches!(
+        cause,
+        Cause::Membership(RdzvEvent::PeerLost(_) | RdzvEvent::JoinersWaiting | RdzvEvent::HangElsewhere) | Cause::Exclude(_)
+    )
+}
+
 fn stop_signal(cause: &Cause) -> (Signal, Grace) {
     match cause {
         Cause::Signal(sig) => (*sig, Grace::Shutdown),

@@ -131,7 +131,7 @@ fn a_preemption_warning_then_the_stop() {
     assert!(matches!(state.phase, Phase::Running), "{:?}", state.phase);
     run(&mut state, vec![Input::Signal(Signal::SIGTERM), Input::Notice(Signal::SIGUSR1)]);
     assert!(matches!(state.phase, Phase::Stopping(Cause::Signal(Signal::SIGTERM))), "{:?}", state.phase);
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Shutdown, StopFor::Shutdown));
+    assert_eq!(state.op(), stop(Grace::Shutdown, StopFor::Shutdown, false));
     run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Done(End::Interrupted(Signal::SIGTERM))), "{:?}", state.phase);
     assert_eq!(state.restart_count, 0, "a preemption spends no restart");
@@ -144,7 +144,7 @@ fn the_store_host_gone_stops_with_the_membership_grace_and_a_failure_closes_with
     let gone = RdzvError::StoreHostEnded { node: "n0_7_0".into(), addr: "n0:29400".into() };
     run(&mut state, vec![Input::Failed(AgentError::Rendezvous(gone))]);
     // Its peers went with the store's host: no collective, nor a collective checkpoint, can complete.
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, Grace::Membership, StopFor::Shutdown));
+    assert_eq!(state.op(), stop(Grace::Membership, StopFor::Shutdown, false));
     run(&mut state, vec![Input::Stopped(Vec::new())]);
     assert!(matches!(&state.phase, Phase::Done(End::Error(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })))));
     let mut state = State::new(job());
@@ -272,21 +272,32 @@ fn restarts_are_spent_until_none_is_left() {
     assert_eq!(state.restart_count, 0);
 }
 
+fn stop(grace: Grace, why: StopFor, open_first: bool) -> Op {
+    Op::Stop { sig: Signal::SIGTERM, grace, why, open_first }
+}
+
 #[test]
 fn a_worker_failure_behind_a_membership_change_spends_no_restart() {
-    // (the change found behind the failure, where the stopped group goes)
+    // (the change found behind the failure, the next round opened before the stop, where the stopped group
+    // goes): a change this node saw moves the round before its workers stop, so that the failures their stop
+    // causes on the other nodes read as the change's; a store out of reach is not waited for.
     let table = [
-        (RdzvEvent::RoundChanged, false),
-        (RdzvEvent::PeerLost("b".into()), true),
-        (RdzvEvent::StoreOutage, true),
+        (RdzvEvent::RoundChanged, false, false),
+        (RdzvEvent::PeerLost("b".into()), true, true),
+        (RdzvEvent::JoinersWaiting, true, true),
+        (RdzvEvent::HangElsewhere, true, true),
+        (RdzvEvent::StoreOutage, false, true),
+        (RdzvEvent::Fenced { silent: std::time::Duration::from_secs(3) }, false, true),
     ];
-    for (change, open) in table {
+    for (change, first, open) in table {
         let mut state = State::new(Job { max_restarts: 0, ..job() });
         state.phase = Phase::Running;
         let failed = Input::WorkerFailed { failure: failure(0), change: Some(change.clone()) };
         run(&mut state, vec![failed]);
         assert!(matches!(&state.phase, Phase::Stopping(Cause::Membership(e)) if *e == change), "{change:?}: {:?}", state.phase);
-        assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Membership, StopFor::Reformation));
+        let fenced = matches!(change, RdzvEvent::Fenced { .. });
+        let grace = if fenced { Grace::Fenced } else { Grace::Membership };
+        assert_eq!(state.op(), stop(grace, StopFor::Reformation, first), "{change:?}");
         run(&mut state, vec![Input::Stopped(vec![failure(1)])]);
         assert!(matches!(state.phase, Phase::Reforming { open: o } if o == open), "{change:?}: {:?}", state.phase);
         assert_eq!(state.restart_count, 0, "{change:?}");
@@ -319,7 +330,7 @@ fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported(
         run(&mut state, vec![hung(here)]);
         assert_eq!(state.phase_name(), after, "{case}");
         match grace {
-            Some((g, why)) => assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, g, why), "{case}"),
+            Some((g, why)) => assert_eq!(state.op(), stop(g, why, !here), "{case}"),
             None => assert_eq!(state.op(), Op::Watch, "{case}"),
         }
         if grace.is_some() {
@@ -352,7 +363,7 @@ fn a_fenced_node_stops_with_the_fence_grace_and_rejoins() {
     let mut state = State::new(job());
     state.phase = Phase::Running;
     run(&mut state, vec![Input::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) })]);
-    assert_eq!(state.op(), Op::Stop(Signal::SIGTERM, super::state::Grace::Fenced, StopFor::Reformation));
+    assert_eq!(state.op(), stop(Grace::Fenced, StopFor::Reformation, false));
     run(&mut state, vec![Input::Stopped(vec![failure(0)])]);
     assert!(matches!(state.phase, Phase::Reforming { open: true }));
     assert_eq!(state.restart_count, 0);
@@ -397,23 +408,24 @@ fn a_gpu_excluded_while_joining_lets_the_join_finish_then_reforms_and_refunds_th
 fn every_stop_says_what_it_is_for() {
     let lost = || fault(0, FaultKind::Lost, Action::Drain);
     let restart = || Cause::Restart { failures: vec![failure(0)], fault: None, hang: false };
-    // (the cause, restarts spent, what the stop is for)
+    // (the cause, restarts spent, what the stop is for, the next round opened first)
     let table = [
-        (Cause::Membership(RdzvEvent::PeerLost("n1".into())), 0, StopFor::Reformation),
-        (Cause::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) }), 0, StopFor::Reformation),
-        (Cause::Exclude(lost()), 0, StopFor::Reformation),
-        (restart(), 2, StopFor::Restart),
-        (restart(), 3, StopFor::Failure),
-        (Cause::Drain(lost()), 0, StopFor::Drain),
-        (Cause::Signal(Signal::SIGINT), 0, StopFor::Shutdown),
-        (Cause::Error(AgentError::Internal("x".into())), 0, StopFor::Shutdown),
+        (Cause::Membership(RdzvEvent::PeerLost("n1".into())), 0, StopFor::Reformation, true),
+        (Cause::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) }), 0, StopFor::Reformation, false),
+        (Cause::Exclude(lost()), 0, StopFor::Reformation, true),
+        (restart(), 2, StopFor::Restart, false),
+        (restart(), 3, StopFor::Failure, false),
+        (Cause::Drain(lost()), 0, StopFor::Drain, false),
+        (Cause::Signal(Signal::SIGINT), 0, StopFor::Shutdown, false),
+        (Cause::Error(AgentError::Internal("x".into())), 0, StopFor::Shutdown, false),
     ];
-    for (cause, spent, want) in table {
+    for (cause, spent, want, first) in table {
         let case = format!("{cause:?} after {spent} restarts");
         let mut state = State::new(job());
         state.restart_count = spent;
         state.phase = Phase::Stopping(cause);
-        assert!(matches!(state.op(), Op::Stop(_, _, why) if why == want), "{case}: {:?}", state.op());
+        let op = state.op();
+        assert!(matches!(op, Op::Stop { why, open_first, .. } if why == want && open_first == first), "{case}: {op:?}");
     }
 }
 

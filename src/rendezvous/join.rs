@@ -286,7 +286,8 @@ impl<S: Store> Rendezvous<S> {
     /// Not in the sealed round: a spare until the members open the next one (no timeout while the job is at
     /// its maximum size, as torch's redundancy list) or the job closes.
     async fn wait_as_spare(&mut self, round: u64) -> Result<(), RdzvError> {
-        self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), b"1").await?;
+        // The round it was left out of: once a later round lets it in, a key it has not deleted yet is stale.
+        self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), round.to_string().as_bytes()).await?;
         let (open, closed) = (self.key(&format!("r/{}/open", round + 1)), self.key("closed"));
         tracing::info!(round, "the round is full or already sealed; waiting for the next one");
         loop {
@@ -301,6 +302,20 @@ impl<S: Store> Rendezvous<S> {
                 },
             }
         }
+    }
+
+    /// How many spares wait for a round after `round`: those left out of `round` or a later one. A spare let
+    /// into `round` deletes its key only once it has read its assignment; until then its key names an
+    /// earlier round, and counting it would make the members re-form at once for a joiner already in.
+    pub(super) async fn waiting_after(&self, round: u64) -> Result<usize, RdzvError> {
+        let keys = self.store.list(&self.key("waiting/")).await?;
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let values = self.store.multi_get(&keys).await?;
+        // A value that is not a round (an older agent's) counts: a spare too many costs a last call at most.
+        let waits = |v: &[u8]| std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()).is_none_or(|left_out| left_out >= round);
+        Ok(values.iter().filter(|v| waits(v)).count())
     }
 
     /// Opens the round after the current one, expecting the members still alive plus the waiting joiners;
@@ -328,7 +343,7 @@ impl<S: Store> Rendezvous<S> {
             return Ok(());
         };
         let alive = self.alive_nodes().await?;
-        let waiting = self.store.list(&self.key("waiting/")).await?.len();
+        let waiting = self.waiting_after(current.round).await?;
         let members = Seal::decode(&seal)?.members.iter().filter(|m| alive.contains(&m.id)).count();
         let expected = (members + waiting).min(self.settings.max_nodes as usize);
         let to = format!("{}/{expected}", current.round + 1);

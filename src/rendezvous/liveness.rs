@@ -304,7 +304,7 @@ impl<S: Store> Rendezvous<S> {
         if current.group_world_size as usize >= max {
             return Ok(());
         }
-        let waiting = self.store.list(&self.key("waiting/")).await?.len();
+        let waiting = self.waiting_after(current.round).await?;
         if waiting == 0 {
             return Ok(());
         }

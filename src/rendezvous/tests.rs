@@ -325,10 +325,12 @@ pub(super) mod shared {
         assert_eq!(again.group_world_size, 1);
     }
 
-    async fn a_late_node_waits_then_joins_the_next_round<B: Backend>(b: B) {
-        let agents = vec![agent(&b, "a", 1, settings(2, 3)).await, agent(&b, "b", 1, settings(2, 3)).await];
+    /// Two agents form a round; a third, late, waits as a spare and is let into the next one (MAX `max`).
+    /// Returns the members of the second round and the late agent with its round.
+    async fn a_late_node_joins<B: Backend>(b: &B, max: u32) -> (Vec<(Rendezvous<B::S>, RoundInfo)>, (Rendezvous<B::S>, RoundInfo)) {
+        let agents = vec![agent(b, "a", 1, settings(2, max)).await, agent(b, "b", 1, settings(2, max)).await];
         let mut joined = join_all(agents).await;
-        let mut late = agent(&b, "late", 1, settings(2, 3)).await;
+        let mut late = agent(b, "late", 1, settings(2, max)).await;
         let late_task = tokio::spawn(async move {
             let info = late.next_round().await.expect("late round");
             (late, info)
@@ -340,13 +342,36 @@ pub(super) mod shared {
         }
         let members: Vec<_> = joined.into_iter().map(|(a, _)| a).collect();
         let again = join_all(members).await;
-        let (_, late_info) = tokio::time::timeout(Duration::from_secs(60), late_task)
+        let late = tokio::time::timeout(Duration::from_secs(60), late_task)
             .await
             .expect("the late node joined within 60 s")
             .expect("late task");
+        (again, late)
+    }
+
+    async fn a_late_node_waits_then_joins_the_next_round<B: Backend>(b: B) {
+        let (again, (_, late_info)) = a_late_node_joins(&b, 3).await;
         assert_eq!(late_info.group_world_size, 3);
         assert_eq!(late_info.group_rank, 2, "newcomers are appended");
         assert!(again.iter().all(|(_, i)| i.round == late_info.round));
+    }
+
+    /// A spare let into a round deletes its waiting key only after it read its assignment: a member that
+    /// watches the round meanwhile sees the key, and must not re-form at once for a joiner already in.
+    async fn a_spare_let_in_is_not_waited_for_again<B: Backend>(b: B) {
+        // The late agent kept: its session ending would be a peer lost.
+        let (mut again, (_late, late_info)) = a_late_node_joins(&b, 4).await;
+        assert_eq!(late_info.group_world_size, 3);
+        // The key as the spare wrote it when the first round was sealed without it, not yet deleted.
+        let (a, info) = &mut again[0];
+        let stale = (info.round - 1).to_string();
+        a.store().set(&a.key("waiting/late"), stale.as_bytes()).await.expect("set");
+        // Three last calls: a joiner counted would have re-formed the group at once (it fills MAX).
+        let event = tokio::time::timeout(Duration::from_millis(900), a.next_event()).await;
+        assert!(event.is_err(), "a member re-formed for a spare already in the group: {event:?}");
+        a.store().set(&a.key("waiting/late"), info.round.to_string().as_bytes()).await.expect("set");
+        let e = tokio::time::timeout(Duration::from_secs(5), a.next_event()).await.expect("event").expect("ok");
+        assert_eq!(e, RdzvEvent::JoinersWaiting, "a spare left out of this round is waited for");
     }
 
     async fn a_different_launch_is_refused<B: Backend>(b: B) {
@@ -473,6 +498,7 @@ pub(super) mod shared {
         group_rank_0_lost_before_publishing_reforms_the_others,
         a_hung_peer_is_evicted_by_its_neighbours,
         a_late_node_waits_then_joins_the_next_round,
+        a_spare_let_in_is_not_waited_for_again,
         a_different_launch_is_refused,
         a_different_nnodes_is_refused,
         a_joiner_that_fills_max_reforms_at_once,

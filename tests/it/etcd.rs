@@ -123,13 +123,13 @@ fn the_first_agent_killed_the_others_reform_and_a_fourth_scales_the_group_up() {
     let index = ["a", "b", "c"].iter().position(|n| *n == host).expect("a known node");
     let victims: Vec<i32> = three.iter().filter(|s| s.node == host).map(|s| s.pid).collect();
     others.remove(index).kill9();
-    let two = wait_world(job.path(), 4, 4);
+    let two = world_of(&job, 4, 4, &others.iter().collect::<Vec<_>>());
     assert!(two.iter().all(|s| s.node != host && s.restart_count == 0), "{two:?}");
     assert!(victims.iter().all(|p| !alive(*p)), "the killed agent's workers outlived it");
     others.push(job.worker_agent("d", "2:4", conf));
     let joined = || starts(job.path()).iter().filter(|s| s.node == "d").count() == 2;
     assert!(eventually(LONG, joined), "the fourth agent never started its workers: {}", others[2].log());
-    let scaled: Vec<Start> = wait_world(job.path(), 6, 12).into_iter().skip(6).collect();
+    let scaled: Vec<Start> = world_of(&job, 6, 12, &others.iter().collect::<Vec<_>>()).into_iter().skip(6).collect();
     assert!(scaled.iter().filter(|s| s.node == "d").count() == 2, "{scaled:?}");
     assert!(scaled.iter().all(|s| s.restart_count == 0), "a membership change spent a restart: {scaled:?}");
     job.finish();
