@@ -8,6 +8,7 @@ use std::collections::BTreeSet;
 
 use super::ops::Work;
 use super::AgentError;
+use crate::gate::Check;
 
 impl Work {
     /// Runs the gate for a node of `nproc` workers, the `excluded` GPUs left out; Err when a check failed
@@ -16,6 +17,7 @@ impl Work {
         if self.cfg.health.is_off() {
             return Ok(());
         }
+        self.links_since().await?;
         let logs = self.logs.run_dir().map(|d| d.to_path_buf());
         let needed = self.gpu_job.then_some(nproc);
         let gate = self.cfg.health.gate(logs, nproc, &self.cfg.local_addr, excluded, needed);
@@ -27,14 +29,19 @@ impl Work {
             tracing::debug!(ms = report.took.as_millis() as u64, "health gate passed");
             return Ok(());
         };
-        let line = failed.line();
-        self.rendezvous.record_drain(Some(failed.check.name())).await;
+        Err(self.drain_unhealthy(failed.check, failed.line()).await)
+    }
+
+    /// A node found sick (its gate, or a link that dropped under `--on-link-drop drain`) leaves the
+    /// rendezvous, records the incident, runs the hook with the check's name; the error it ends with.
+    pub(super) async fn drain_unhealthy(&mut self, check: Check, line: String) -> AgentError {
+        self.rendezvous.record_drain(Some(check.name())).await;
         if let Err(e) = self.rendezvous.leave().await {
             tracing::warn!("cannot leave the rendezvous: {e}");
         }
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env: Vec<(String, String)> = [
-                ("MUSTER_FAULT_KIND", failed.check.name().to_string()),
+                ("MUSTER_FAULT_KIND", check.name().to_string()),
                 ("MUSTER_FAULT_DETAIL", line.clone()),
                 ("MUSTER_FAULT_HOSTNAME", crate::host::hostname()),
                 ("MUSTER_RUN_ID", self.cfg.run_id.clone()),
@@ -44,6 +51,16 @@ impl Work {
             .collect();
             let _ = crate::supervisor::hook::run_hook(cmd, &env, super::ops::HOOK_TIMEOUT, &self.guard).await;
         }
-        Err(AgentError::Unhealthy(line))
+        AgentError::Unhealthy(line)
+    }
+
+    /// At a gate: what dropped since the last look (`agent/links.rs`), said; Err when it drains the node.
+    async fn links_since(&mut self) -> Result<(), AgentError> {
+        let Some(watch) = self.links.as_mut() else { return Ok(()) };
+        let found = watch.look().await;
+        match watch.judge(found, "since the workers last ran") {
+            Some(line) => Err(self.drain_unhealthy(Check::Network, line).await),
+            None => Ok(()),
+        }
     }
 }

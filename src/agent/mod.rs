@@ -17,6 +17,7 @@ mod driver;
 mod gate;
 mod gpu;
 mod hang;
+mod links;
 mod ops;
 mod peer;
 mod setup;

@@ -11,6 +11,7 @@ use super::state::{Grace, Input, Op, StopFor};
 use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
+use crate::gate::Check;
 use crate::gpu::health::Fault;
 use crate::gpu::GpuInfo;
 use crate::observe::record::StopKind;
@@ -62,6 +63,8 @@ pub(super) struct Work {
     pub(super) stacks: Arc<crate::hang::Registry>,
     /// The running group's attempt directory.
     pub(super) attempt_dir: Option<std::path::PathBuf>,
+    /// The links read between gates, while the `network` check is on.
+    pub(super) links: Option<super::links::LinkWatch>,
 }
 
 impl Work {
@@ -157,6 +160,7 @@ impl Work {
                 Err(e) => Input::Failed(e.into()),
             },
             found = hang => Input::Hung(Box::new(found)),
+            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy(Check::Network, line).await),
         }
     }
 

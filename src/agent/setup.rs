@@ -104,6 +104,7 @@ impl Agent {
             hang: cfg.hang.clone().map(crate::hang::Monitor::new),
             stacks: sinks.stacks.clone(),
             attempt_dir: None,
+            links: cfg.health.links(&cfg.local_addr).map(|l| super::links::LinkWatch::new(l, cfg.health.on_link_drop)),
         };
         Ok(Agent {
             work,

@@ -263,6 +263,14 @@ pub struct Cli {
     #[arg(long = "gate-shm-min", env = "MUSTER_GATE_SHM_MIN", default_value = "128", value_parser = non_negative_int)]
     pub gate_shm_min: u32,
 
+    /// muster: what a link that drops while the workers run does (the interface that carries --local-addr
+    /// losing its carrier or flapping, an InfiniBand port going down or its link_downed counter rising;
+    /// watched while the `network` check is on): `report` (default) says so and training goes on, `drain`
+    /// drains the node as a failed health check does (exit code 75, the --on-node-fault hook with
+    /// MUSTER_FAULT_KIND=network).
+    #[arg(long = "on-link-drop", env = "MUSTER_ON_LINK_DROP", default_value = "report", value_name = "report|drain")]
+    pub on_link_drop: String,
+
     /// muster: seconds to wait, before starting workers, for a GPU to be released by other processes.
     #[arg(long = "gpu-wait-timeout", env = "MUSTER_GPU_WAIT_TIMEOUT", default_value = "30",
           value_parser = non_negative_int, allow_hyphen_values = true)]

@@ -1,5 +1,5 @@
-//! `--gate-checks`, `--gate-path`, `--gate-timeout`, `--gate-shm-min`: the health gate's settings
-//! (`crate::gate`), checked once.
+//! `--gate-checks`, `--gate-path`, `--gate-timeout`, `--gate-shm-min`, `--on-link-drop`: the health gate's
+//! settings (`crate::gate`), checked once.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -13,6 +13,16 @@ use crate::gate::{Check, GateConfig};
 #[derive(Debug, Clone)]
 pub struct Health {
     base: GateConfig,
+    pub on_link_drop: OnLinkDrop,
+}
+
+/// `--on-link-drop`: what a link that drops while the workers run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnLinkDrop {
+    /// Said once per drop; training goes on.
+    Report,
+    /// The node drains as for a failed health check.
+    Drain,
 }
 
 impl Health {
@@ -30,7 +40,21 @@ impl Health {
             shm_per_worker: u64::from(cli.gate_shm_min) << 20,
             ..GateConfig::new(checks, cli.gate_path.clone(), 0, "")
         };
-        Ok(Health { base })
+        let on_link_drop = match cli.on_link_drop.as_str() {
+            "report" => OnLinkDrop::Report,
+            "drain" => OnLinkDrop::Drain,
+            other => return Err(bad(format!("invalid value '{other}' for '--on-link-drop': use report or drain"))),
+        };
+        Ok(Health { base, on_link_drop })
+    }
+
+    /// The links watched between gates (`crate::gate::link`), while the `network` check is on.
+    pub fn links(&self, local_addr: &str) -> Option<crate::gate::link::Links> {
+        self.base.checks.contains(&Check::Network).then(|| crate::gate::link::Links {
+            local_addr: local_addr.to_string(),
+            sysfs: self.base.sysfs.clone(),
+            ib_hca: self.base.ib_hca.clone(),
+        })
     }
 
     /// Whether any check is asked for.

@@ -11,7 +11,7 @@ use nix::sys::signal::Signal;
 
 use crate::cli::Cli;
 use crate::gpu::placement::PlacementError;
-pub use health::Health;
+pub use health::{Health, OnLinkDrop};
 
 mod entrypoint;
 mod hang;
@@ -307,6 +307,8 @@ mod tests {
             (&["--on-hang", "report", "/bin/true"], "--on-hang needs --hang-timeout"),
             (&["--hang-timeout", "0", "/bin/true"], "'--hang-timeout': must be a number of seconds > 0"),
             (&["--hang-timeout", "5", "--progress-pattern", "step (", "/bin/true"], "'--progress-pattern': not a regular expression"),
+            (&["--gate-checks", "disk", "/bin/true"], "invalid value 'disk' for '--gate-checks'"),
+            (&["--on-link-drop", "restart", "/bin/true"], "invalid value 'restart' for '--on-link-drop': use report or drain"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();

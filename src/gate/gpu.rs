@@ -1,13 +1,15 @@
 //! The GPU check, on every GPU of the node but those the job excluded: each answers NVML with no recovery
 //! action asked for, no failed or pending row remap, no page retirement pending, no volatile double-bit ECC
-//! error, no clock-event reason that slows an idle GPU (hardware slowdown, thermal, power brake), and as
-//! many NVLinks active as its peers; and the node has the GPUs the job needs. Each NVML call is bounded by
+//! error, no clock-event reason that slows an idle GPU (hardware slowdown, thermal, power brake), as many
+//! NVLinks active as its peers, and no compute process of another job; and the node has the GPUs the job
+//! needs. Each NVML call is bounded by
 //! the gate (`mod.rs`).
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
-use nvml_wrapper::enums::device::SampleValue;
+use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
 use nvml_wrapper::{Device, Nvml};
@@ -17,6 +19,9 @@ use super::{Check, Finding};
 /// NVML field ids: a row remap waiting for the next reset, a page retirement waiting for it.
 const FI_REMAP_PENDING: u32 = 144;
 const FI_RETIRED_PENDING: u32 = 31;
+
+/// How long a compute process may stay listed after its exit before it counts as another job's.
+const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// The most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
@@ -33,7 +38,7 @@ const PASS: &str = "every GPU answering, with no ECC error, pending or failed ro
 
 /// `excluded`: GPUs the job no longer uses (their fault is known). `needed`: how many GPUs the workers are
 /// placed on, where they are.
-pub(super) fn check(nvml: Option<&'static Nvml>, excluded: &BTreeSet<u32>, needed: Option<u32>) -> Finding {
+pub(super) fn check(nvml: Option<&'static Nvml>, excluded: &BTreeSet<u32>, needed: Option<u32>, deadline: Instant) -> Finding {
     let Some(nvml) = nvml else { return Finding::ok(Check::Gpu, "no NVML: nothing to check") };
     let count = match nvml.device_count() {
         Ok(n) => n,
@@ -51,6 +56,9 @@ pub(super) fn check(nvml: Option<&'static Nvml>, excluded: &BTreeSet<u32>, neede
         if let Some(n) = active_links(&device) {
             links.push((index, n));
         }
+    }
+    if let Some(why) = foreign_process(nvml, count, excluded, deadline) {
+        return Finding::failed(Check::Gpu, why, "GPUs no other job uses (stop that process, or leave the GPU to it with CUDA_VISIBLE_DEVICES)");
     }
     let usable = count - excluded.iter().filter(|i| **i < count).count() as u32;
     if let Some(needed) = needed.filter(|n| *n > usable) {
@@ -86,6 +94,31 @@ fn sick(device: &Device) -> Option<String> {
             Some(format!("its clocks are slowed while it runs nothing ({:?})", reasons.intersection(SLOWING)))
         }
         _ => None,
+    }
+}
+
+/// A compute process on a GPU the job may use that is not this agent's: another job shares the node. The
+/// job's own workers are stopped before every gate, but a driver may list a process for a moment after
+/// it exited: one is foreign only if it is still listed after [`RELEASE_WAIT`] (or the gate's end).
+fn foreign_process(nvml: &Nvml, count: u32, excluded: &BTreeSet<u32>, deadline: Instant) -> Option<String> {
+    let until = (Instant::now() + RELEASE_WAIT).min(deadline);
+    loop {
+        let me = std::process::id() as i32;
+        let tree = crate::supervisor::proctree::Tree::scan();
+        let found = (0..count).filter(|i| !excluded.contains(i)).find_map(|index| {
+            let procs = nvml.device_by_index(index).ok()?.running_compute_processes().ok()?;
+            let p = procs.into_iter().find(|p| !tree.descends(p.pid as i32, me))?;
+            let used = match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => format!("{} MiB", bytes >> 20),
+                UsedGpuMemory::Unavailable => "memory unknown".into(),
+            };
+            Some(format!("GPU {index} is used by process {} ({used}), not this job's", p.pid))
+        });
+        match found {
+            Some(why) if Instant::now() >= until => return Some(why),
+            Some(_) => std::thread::sleep(Duration::from_millis(100)),
+            None => return None,
+        }
     }
 }
 

@@ -45,31 +45,40 @@ pub(super) fn shm(config: &GateConfig) -> Finding {
 
 /// An interface as this node's network namespace sees it (getifaddrs, not sysfs: a /sys mounted in another
 /// namespace shows that one's interfaces).
-struct Iface {
-    name: String,
+pub(super) struct Iface {
+    pub(super) name: String,
     /// IFF_UP: administratively up.
-    up: bool,
+    pub(super) up: bool,
     /// IFF_RUNNING: operational, with a carrier.
-    running: bool,
+    pub(super) running: bool,
 }
 
 /// The interface whose addresses include one `addr` resolves to (None: none here, say a name that
 /// resolves elsewhere: nothing to judge).
-fn interface_of(addr: &str) -> Option<Iface> {
-    use nix::net::if_::InterfaceFlags;
+pub(super) fn interface_of(addr: &str) -> Option<Iface> {
     let ips: Vec<IpAddr> = match addr.parse::<IpAddr>() {
         Ok(ip) => vec![ip],
         Err(_) => (addr, 0).to_socket_addrs().ok()?.map(|a| a.ip()).collect(),
     };
+    find_interface(|_, ip| ip.is_some_and(|ip| ips.contains(&ip)))
+}
+
+/// The interface called `name`, as this namespace sees it now.
+pub(super) fn interface_named(name: &str) -> Option<Iface> {
+    find_interface(|n, _| n == name)
+}
+
+/// The first interface address (its interface's name and IP, if it has one) that `hit` picks.
+fn find_interface(hit: impl Fn(&str, Option<IpAddr>) -> bool) -> Option<Iface> {
+    use nix::net::if_::InterfaceFlags;
     let ifaces = nix::ifaddrs::getifaddrs().ok()?;
     for iface in ifaces {
-        let Some(address) = iface.address else { continue };
-        let ip = match (address.as_sockaddr_in(), address.as_sockaddr_in6()) {
-            (Some(v4), _) => IpAddr::V4(v4.ip()),
-            (_, Some(v6)) => IpAddr::V6(v6.ip()),
-            _ => continue,
-        };
-        if ips.contains(&ip) {
+        let ip = iface.address.and_then(|a| match (a.as_sockaddr_in(), a.as_sockaddr_in6()) {
+            (Some(v4), _) => Some(IpAddr::V4(v4.ip())),
+            (_, Some(v6)) => Some(IpAddr::V6(v6.ip())),
+            _ => None,
+        });
+        if hit(&iface.interface_name, ip) {
             let flags = iface.flags;
             return Some(Iface {
                 name: iface.interface_name,
@@ -83,7 +92,7 @@ fn interface_of(addr: &str) -> Option<Iface> {
 
 /// Whether `sysfs` describes this namespace's `iface` (its `ifindex` is the one the kernel gives this
 /// namespace's interface of that name), or is a fixture tree given in `$MUSTER_SYSFS_ROOT`.
-fn sysfs_is_ours(sysfs: &Path, iface: &str) -> bool {
+pub(super) fn sysfs_is_ours(sysfs: &Path, iface: &str) -> bool {
     if sysfs != Path::new("/sys") {
         return true;
     }
@@ -107,7 +116,7 @@ fn judge_link(sysfs: &Path, iface: &Iface) -> Result<String, String> {
     Ok(format!("{name} up, running"))
 }
 
-fn read(path: &Path) -> Option<String> {
+pub(super) fn read(path: &Path) -> Option<String> {
     std::fs::read_to_string(path).ok().map(|s| s.trim().to_string())
 }
 
@@ -147,7 +156,7 @@ fn selected(filter: Option<&str>, hca: &str, port: &str) -> bool {
 }
 
 /// Every InfiniBand port the job may use: (name, state, rate, link_downed).
-fn ib_ports(sysfs: &Path, filter: Option<&str>) -> Vec<(String, String, String, String)> {
+pub(super) fn ib_ports(sysfs: &Path, filter: Option<&str>) -> Vec<(String, String, String, String)> {
     let mut found = Vec::new();
     let Ok(hcas) = std::fs::read_dir(sysfs.join("class/infiniband")) else { return found };
     for hca in hcas.flatten() {

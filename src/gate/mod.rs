@@ -10,14 +10,16 @@
 //!   default breaks NCCL and data loaders), and the log directory's file system has room;
 //! - `network` (`host.rs`): the interface that carries this node's address is up with a carrier, and every
 //!   InfiniBand port the job may use (`NCCL_IB_HCA`, else all) is ACTIVE at the rate of the others;
-//! - `gpu` (`gpu.rs`): every GPU answers NVML, with no recovery action asked for, no failed row remap and
-//!   no volatile double-bit ECC error.
+//! - `gpu` (`gpu.rs`): every GPU answers NVML, with no recovery action asked for, no pending or failed row
+//!   remap, no pending page retirement, no volatile double-bit ECC error, no slowing clock reason, all its
+//!   NVLinks up, and no other job's compute process; and the node has the GPUs its workers need.
 //!
 //! A failing gate drains the node before it joins (the agent's side: `agent::ops`); every finding is
 //! one line naming the check, what it saw and what would pass.
 
 mod gpu;
 mod host;
+pub mod link;
 mod storage;
 
 use std::collections::BTreeSet;
@@ -132,11 +134,11 @@ pub struct Finding {
 }
 
 impl Finding {
-    fn ok(check: Check, saw: impl Into<String>) -> Finding {
+    pub fn ok(check: Check, saw: impl Into<String>) -> Finding {
         Finding { check, ok: true, saw: saw.into(), pass: String::new() }
     }
 
-    fn failed(check: Check, saw: impl Into<String>, pass: impl Into<String>) -> Finding {
+    pub fn failed(check: Check, saw: impl Into<String>, pass: impl Into<String>) -> Finding {
         Finding { check, ok: false, saw: saw.into(), pass: pass.into() }
     }
 
@@ -212,7 +214,7 @@ fn one(check: Check, config: &GateConfig, nvml: Option<&'static nvml_wrapper::Nv
         Check::Storage => storage::check(&config.paths, deadline),
         Check::Shm => host::shm(config),
         Check::Network => host::network(config),
-        Check::Gpu => gpu::check(nvml, &config.excluded, config.gpus_needed),
+        Check::Gpu => gpu::check(nvml, &config.excluded, config.gpus_needed, deadline),
     }
 }
 

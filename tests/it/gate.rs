@@ -4,7 +4,7 @@
 use crate::common;
 
 use common::cluster::*;
-use common::gate::{expect_gate_failed, hooked_node};
+use common::gate::{expect_gate_failed, expect_link_drop, hooked_node};
 use common::*;
 
 /// `/dev/shm` cannot hold what `--gate-shm-min` asks per worker: the shm check fails, no worker starts,
@@ -140,8 +140,8 @@ fn on_fake_gpus(line: &str, opts: &[&str]) -> (Agent, tempfile::TempDir, common:
     (agent, dir, gpus)
 }
 
-/// GPU 1 degraded in a way the fault watcher does not act on, before the job starts: the gpu check fails the
-/// first join (exit 75, the hook with `gpu`, no worker started).
+/// GPU 1 degraded in a way the fault watcher does not act on, or used by another job's process, before the
+/// job starts: the gpu check fails the first join (exit 75, the hook with `gpu`, no worker started).
 #[test]
 fn a_degraded_gpu_fails_the_gpu_check() {
     let cases = [
@@ -150,10 +150,12 @@ fn a_degraded_gpu_fails_the_gpu_check() {
         ("clocks 1 0x40", "GPU 1: its clocks are slowed while it runs nothing (ThrottleReasons(HW_THERMAL_SLOWDOWN))"),
         ("clocks 1 0x80", "GPU 1: its clocks are slowed while it runs nothing (ThrottleReasons(HW_POWER_BRAKE_SLOWDOWN))"),
         ("nvlink 1 3 down", "GPU 1 has 17 NVLink(s) up, its peers 18"),
+        ("process 1 4242 1048576", "GPU 1 is used by process 4242 (1 MiB), not this job's; GPUs no other job uses"),
     ];
     for (line, saw) in cases {
         let (mut agent, dir, _gpus) = on_fake_gpus(line, &["--gate-checks=gpu"]);
-        expect_gate_failed(&mut agent, dir.path(), "gpu", &format!("{saw}; every GPU answering"));
+        let saw = if saw.contains("; ") { saw.to_string() } else { format!("{saw}; every GPU answering") };
+        expect_gate_failed(&mut agent, dir.path(), "gpu", &saw);
     }
 }
 
@@ -180,4 +182,27 @@ fn the_gpu_check_leaves_an_excluded_gpu_out() {
     assert!(!agent.log().contains("health check"), "{}", agent.log());
     std::fs::write(dir.path().join("finish"), "").expect("finish");
     assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+}
+
+/// An InfiniBand port (a sysfs tree in `$MUSTER_SYSFS_ROOT`) whose `link_downed` counter rises while the
+/// workers run, the port ACTIVE again: by default the agent says so once and the workers train on; with
+/// `--on-link-drop drain` the node drains (exit 75, the line, the hook with `network`, its workers gone).
+#[test]
+fn an_infiniband_link_that_flaps_while_training_is_reported_or_drains_the_node() {
+    let saw = "InfiniBand mlx5_0 port 1 went down and up 1 time(s) (link_downed 0 → 1) while the workers ran";
+    for drain in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sysfs = tempfile::tempdir().expect("tempdir");
+        let port = sysfs.path().join("class/infiniband/mlx5_0/ports/1");
+        std::fs::create_dir_all(port.join("counters")).expect("mkdir");
+        std::fs::write(port.join("state"), "4: ACTIVE\n").expect("state");
+        std::fs::write(port.join("rate"), "200 Gb/sec (4X HDR)\n").expect("rate");
+        std::fs::write(port.join("counters/link_downed"), "0\n").expect("counter");
+        let opts: &[&str] = if drain { &["--on-link-drop=drain"] } else { &[] };
+        let env = [("MUSTER_SYSFS_ROOT", sysfs.path().display().to_string())];
+        let mut agent = Agent::start_with_env("a", &hooked_node(dir.path(), 2, opts), &env);
+        let world = wait_world(dir.path(), 2, 2);
+        std::fs::write(port.join("counters/link_downed"), "1\n").expect("counter");
+        expect_link_drop(&mut agent, dir.path(), &world, saw, drain, || ());
+    }
 }
