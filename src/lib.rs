@@ -20,6 +20,7 @@ pub mod runtime;
 pub mod signals;
 pub mod status;
 pub mod store;
+pub mod straggler;
 pub mod supervisor;
 pub mod telemetry;
 pub mod template;

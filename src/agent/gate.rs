@@ -29,19 +29,20 @@ impl Work {
             tracing::debug!(ms = report.took.as_millis() as u64, "health gate passed");
             return Ok(());
         };
-        Err(self.drain_unhealthy(failed.check, failed.line()).await)
+        Err(self.drain_unhealthy(failed.check.name(), failed.line()).await)
     }
 
-    /// A node found sick (its gate, or a link that dropped under `--on-link-drop drain`) leaves the
-    /// rendezvous, records the incident, runs the hook with the check's name; the error it ends with.
-    pub(super) async fn drain_unhealthy(&mut self, check: Check, line: String) -> AgentError {
-        self.rendezvous.record_drain(Some(check.name())).await;
+    /// A node found sick (its gate; a link that dropped under `--on-link-drop drain`; a straggler under
+    /// `--on-straggler drain`) leaves the rendezvous, records the incident, runs the hook with `kind` (the
+    /// check's name, or `straggler`); the error it ends with.
+    pub(super) async fn drain_unhealthy(&mut self, kind: &str, line: String) -> AgentError {
+        self.rendezvous.record_drain(Some(kind)).await;
         if let Err(e) = self.rendezvous.leave().await {
             tracing::warn!("cannot leave the rendezvous: {e}");
         }
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env: Vec<(String, String)> = [
-                ("MUSTER_FAULT_KIND", check.name().to_string()),
+                ("MUSTER_FAULT_KIND", kind.to_string()),
                 ("MUSTER_FAULT_DETAIL", line.clone()),
                 ("MUSTER_FAULT_HOSTNAME", crate::host::hostname()),
                 ("MUSTER_RUN_ID", self.cfg.run_id.clone()),
@@ -59,7 +60,7 @@ impl Work {
         let Some(watch) = self.links.as_mut() else { return Ok(()) };
         let found = watch.look().await;
         match watch.judge(found, "since the workers last ran") {
-            Some(line) => Err(self.drain_unhealthy(Check::Network, line).await),
+            Some(line) => Err(self.drain_unhealthy(Check::Network.name(), line).await),
             None => Ok(()),
         }
     }

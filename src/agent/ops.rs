@@ -11,7 +11,6 @@ use super::state::{Grace, Input, Op, StopFor};
 use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
-use crate::gate::Check;
 use crate::gpu::health::Fault;
 use crate::gpu::GpuInfo;
 use crate::observe::record::StopKind;
@@ -65,6 +64,8 @@ pub(super) struct Work {
     pub(super) attempt_dir: Option<std::path::PathBuf>,
     /// The links read between gates, while the `network` check is on.
     pub(super) links: Option<super::links::LinkWatch>,
+    /// Straggler detection (`--straggler-window`), sampling the running group.
+    pub(super) pace: Option<crate::straggler::Monitor>,
 }
 
 impl Work {
@@ -129,10 +130,17 @@ impl Work {
             return Input::Failed(AgentError::Internal("no worker group to watch".into()));
         };
         let board = self.rendezvous.hang_board();
+        let pace_board = self.rendezvous.pace_board();
         let note = self.rendezvous.beat_note();
         let hang = async {
             match self.hang.as_mut() {
                 Some(monitor) => monitor.next(board.as_ref(), &note).await,
+                None => std::future::pending().await,
+            }
+        };
+        let straggling = async {
+            match self.pace.as_mut() {
+                Some(monitor) => monitor.next(pace_board.as_ref()).await,
                 None => std::future::pending().await,
             }
         };
@@ -160,7 +168,8 @@ impl Work {
                 Err(e) => Input::Failed(e.into()),
             },
             found = hang => Input::Hung(Box::new(found)),
-            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy(Check::Network, line).await),
+            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy("network", line).await),
+            line = straggling => Input::Failed(self.drain_unhealthy("straggler", line).await),
         }
     }
 
@@ -183,6 +192,9 @@ impl Work {
             Grace::Fenced => self.rendezvous.timing().fenced_grace(membership).min(self.cfg.shutdown_timeout),
         };
         if let Some(monitor) = self.hang.as_mut() {
+            monitor.disarm();
+        }
+        if let Some(monitor) = self.pace.as_mut() {
             monitor.disarm();
         }
         let failures = match self.group.as_mut() {

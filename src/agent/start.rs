@@ -115,6 +115,21 @@ impl Work {
         Fault { gpu, kind: FaultKind::Lost, action }
     }
 
+    /// Starts straggler detection on the new group: its ranks, and each local rank's GPU from the plan.
+    fn arm_pace(&mut self, targets: &[crate::hang::capture::Target], plan: Option<&Plan>, group_rank: u32) {
+        let Some(pace) = self.pace.as_mut() else { return };
+        let gpus = plan.map(|p| p.ranks.iter().map(|r| (r.local_rank, r.gpu_index)).collect()).unwrap_or_default();
+        pace.arm(crate::straggler::Armed {
+            targets: targets.to_vec(),
+            gpus,
+            nvml: self.gpus.as_ref().map(|g| g.nvml),
+            window: pace.window(),
+            node: self.hostname.clone(),
+            id: self.rendezvous.me().id.clone(),
+            group_rank,
+        });
+    }
+
     /// Places, checks and spawns the group for the joined round.
     pub(super) async fn start(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Input {
         // Overlaps the kernel's first-move cost with the placement below.
@@ -185,6 +200,7 @@ impl Work {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
                 let targets = group.targets();
                 self.stacks.set(targets.clone(), attempt.progress().map(|hooks| hooks.progress.clone()));
+                self.arm_pace(&targets, plan.as_ref(), round.group_rank);
                 self.attempt_dir = attempt.dir().map(|d| d.to_path_buf());
                 if let (Some(monitor), Some(hooks)) = (self.hang.as_mut(), attempt.progress()) {
                     monitor.arm(crate::hang::Armed {

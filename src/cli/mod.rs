@@ -271,6 +271,19 @@ pub struct Cli {
     #[arg(long = "on-link-drop", env = "MUSTER_ON_LINK_DROP", default_value = "report", value_name = "report|drain")]
     pub on_link_drop: String,
 
+    /// muster: seconds over which each rank's time is judged for stragglers (a stack sample of each rank's
+    /// main thread every 250 ms, never pausing it, and its GPU's clocks); group rank 0 names a rank that
+    /// hardly waits in collectives while the others mostly do, or whose GPU is slowed. 0 turns it off.
+    #[arg(long = "straggler-window", env = "MUSTER_STRAGGLER_WINDOW", default_value = "60", value_parser = non_negative_seconds,
+          allow_hyphen_values = true)]
+    pub straggler_window: f64,
+
+    /// muster: what a named straggler does: `report` (default) names it once per stretch, `drain` drains
+    /// its node once it stays one through a second window (exit code 75, the --on-node-fault hook with
+    /// MUSTER_FAULT_KIND=straggler); the job goes on without it (elastic MIN, or a spare).
+    #[arg(long = "on-straggler", env = "MUSTER_ON_STRAGGLER", default_value = "report", value_name = "report|drain")]
+    pub on_straggler: String,
+
     /// muster: seconds to wait, before starting workers, for a GPU to be released by other processes.
     #[arg(long = "gpu-wait-timeout", env = "MUSTER_GPU_WAIT_TIMEOUT", default_value = "30",
           value_parser = non_negative_int, allow_hyphen_values = true)]

@@ -12,10 +12,12 @@ use nix::sys::signal::Signal;
 use crate::cli::Cli;
 use crate::gpu::placement::PlacementError;
 pub use health::{Health, OnLinkDrop};
+pub use straggler::{OnStraggler, StragglerConfig};
 
 mod entrypoint;
 mod hang;
 mod health;
+mod straggler;
 mod logs;
 mod observe;
 mod parse;
@@ -98,6 +100,8 @@ pub struct LaunchConfig {
     pub warm_spares: Option<WarmConfig>,
     /// `--hang-timeout` and its companions: None when off.
     pub hang: Option<HangConfig>,
+    /// `--straggler-window`, `--on-straggler`: None when off.
+    pub straggler: Option<StragglerConfig>,
     /// `--stacks-on-failure`.
     pub stacks_on_failure: bool,
 }
@@ -240,6 +244,7 @@ impl LaunchConfig {
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
             warm_spares: entrypoint::warm_spares(cli)?,
             hang: hang::from_cli(cli)?,
+            straggler: straggler::from_cli(cli)?,
             stacks_on_failure: cli.stacks_on_failure,
         })
     }
@@ -309,6 +314,7 @@ mod tests {
             (&["--hang-timeout", "5", "--progress-pattern", "step (", "/bin/true"], "'--progress-pattern': not a regular expression"),
             (&["--gate-checks", "disk", "/bin/true"], "invalid value 'disk' for '--gate-checks'"),
             (&["--on-link-drop", "restart", "/bin/true"], "invalid value 'restart' for '--on-link-drop': use report or drain"),
+            (&["--on-straggler", "kill", "/bin/true"], "invalid value 'kill' for '--on-straggler': use report or drain"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();

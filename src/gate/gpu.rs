@@ -8,7 +8,6 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enums::device::{SampleValue, UsedGpuMemory};
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::structs::device::FieldId;
@@ -25,13 +24,6 @@ const RELEASE_WAIT: Duration = Duration::from_secs(1);
 
 /// The most NVLinks a GPU has (NVML_NVLINK_MAX_LINKS).
 const MAX_LINKS: u32 = 18;
-
-/// What slows a GPU that runs nothing: not idling, not a clock someone set, not the software power cap of
-/// a busy GPU.
-const SLOWING: ThrottleReasons = ThrottleReasons::HW_SLOWDOWN
-    .union(ThrottleReasons::SW_THERMAL_SLOWDOWN)
-    .union(ThrottleReasons::HW_THERMAL_SLOWDOWN)
-    .union(ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN);
 
 const PASS: &str = "every GPU answering, with no ECC error, pending or failed row remap, pending page retirement, \
                     recovery action or slowdown, and all its NVLinks up (reset or replace it)";
@@ -90,8 +82,8 @@ fn sick(device: &Device) -> Option<String> {
         return Some("a page retirement is pending (it takes effect at the next GPU reset)".into());
     }
     match device.current_throttle_reasons() {
-        Ok(reasons) if reasons.intersects(SLOWING) => {
-            Some(format!("its clocks are slowed while it runs nothing ({:?})", reasons.intersection(SLOWING)))
+        Ok(reasons) if reasons.intersects(crate::gpu::SLOWING_CLOCKS) => {
+            Some(format!("its clocks are slowed while it runs nothing ({:?})", reasons.intersection(crate::gpu::SLOWING_CLOCKS)))
         }
         _ => None,
     }

@@ -16,8 +16,16 @@ use std::fmt;
 use std::sync::OnceLock;
 use std::time::Duration;
 
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
+
+/// The clock-event reasons that slow a GPU by themselves: hardware slowdown, thermal (software or
+/// hardware), the power brake. Not idling, not clocks an administrator set, not a busy GPU's power cap.
+pub const SLOWING_CLOCKS: ThrottleReasons = ThrottleReasons::HW_SLOWDOWN
+    .union(ThrottleReasons::SW_THERMAL_SLOWDOWN)
+    .union(ThrottleReasons::HW_THERMAL_SLOWDOWN)
+    .union(ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN);
 
 /// The environment variable that points muster at another NVML library (a fake one in tests).
 pub const NVML_LIBRARY_ENV: &str = "MUSTER_NVML_LIBRARY";

@@ -190,16 +190,20 @@ fn classify(pid: i32, e: &anyhow::Error) -> CaptureError {
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return CaptureError::Gone;
     }
-    let denied = e.chain().any(|c| {
-        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
-            || c.to_string().contains("Operation not permitted")
-            || c.to_string().contains("Permission denied")
-    });
-    if denied {
+    if is_denied(e) {
         CaptureError::Denied
     } else {
         CaptureError::Failed(format!("{e:#}").lines().next().unwrap_or_default().to_string())
     }
+}
+
+/// Whether py-spy's error says reading the process is not permitted (ptrace).
+pub fn is_denied(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<std::io::Error>().is_some_and(|io| io.raw_os_error() == Some(libc::EPERM))
+            || c.to_string().contains("Operation not permitted")
+            || c.to_string().contains("Permission denied")
+    })
 }
 
 /// The state letter of `/proc/<pid>/stat` (after the parenthesised command, which may hold spaces).

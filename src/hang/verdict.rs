@@ -57,7 +57,7 @@ pub fn own_frame(frames: &[Frame]) -> Option<&Frame> {
 /// directory under `lib`, `lib64`; frozen modules), not an installed package (anything under a
 /// `site-packages` or `dist-packages`), and a file one can open (not `<string>`: code compiled at run time,
 /// muster's warm-spare bootstrap among it).
-fn is_own(path: &str) -> bool {
+pub fn is_own(path: &str) -> bool {
     if path.starts_with('<') {
         return false;
     }

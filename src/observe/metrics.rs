@@ -13,7 +13,9 @@
 //! - `muster_recovery_phase_seconds{phase}` (detect, stop, rendezvous, spawn), `muster_recovery_seconds{cause}`;
 //! - `muster_productive_seconds_total` (the workers training) and `muster_lost_seconds_total{phase}`
 //!   (rendezvous, spawn, warmup, detect, stop, finish): where the agent's wall time went (`goodput.rs`);
-//! - `muster_state{state}`: 1 for the agent's current state, 0 for the others.
+//! - `muster_state{state}`: 1 for the agent's current state, 0 for the others;
+//! - `muster_rank_wait_share{rank}` (each local rank's share of stack samples spent waiting in collectives
+//!   over the last straggler window), `muster_stragglers_total` (stragglers this node named as group rank 0).
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -83,6 +85,8 @@ pub struct Metrics {
     state: Family<Labels, Gauge>,
     productive: Seconds,
     lost: Family<Labels, Seconds>,
+    wait_share: Family<Labels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    stragglers: Counter,
 }
 
 /// How a worker ended, as `muster_worker_exits_total` labels it: its exit code, or minus the signal number.
@@ -121,6 +125,8 @@ impl Metrics {
             state: Family::default(),
             productive: Seconds::default(),
             lost: Family::default(),
+            wait_share: Family::default(),
+            stragglers: Counter::default(),
         };
         for phase in LOST {
             let _ = m.lost.get_or_create(&label("phase", phase));
@@ -199,6 +205,16 @@ impl Metrics {
         self.gpu_faults.get_or_create(&labels).inc();
     }
 
+    /// A local rank's wait share over the last straggler window.
+    pub fn wait_share(&self, rank: u32, share: f64) {
+        self.wait_share.get_or_create(&label("rank", rank.to_string())).set(share);
+    }
+
+    /// A straggler this node named (group rank 0).
+    pub fn straggler(&self) {
+        self.stragglers.inc();
+    }
+
     /// A hang verdict this node gave (group rank 0), by its kind.
     pub fn hang(&self, kind: &str) {
         self.hangs.get_or_create(&label("kind", kind)).inc();
@@ -260,6 +276,8 @@ impl Metrics {
             self.recoveries.clone(),
         );
         r.register("muster_state", "1 for the agent's current state", self.state.clone());
+        r.register("muster_rank_wait_share", "Share of a local rank's samples spent waiting in collectives, last window", self.wait_share.clone());
+        r.register("muster_stragglers", "Stragglers this node named as group rank 0", self.stragglers.clone());
         r.register_with_unit("muster_productive", "Time the workers ran past their warm-up", Unit::Seconds, self.productive.clone());
         r.register_with_unit("muster_lost", "Time not spent training, by phase", Unit::Seconds, self.lost.clone());
         let mut out = String::new();

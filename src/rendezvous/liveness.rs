@@ -10,6 +10,7 @@ use tokio::time::Instant;
 use super::fence::{cut_off, Link, SharedLink, Timing};
 use super::wire::{Fingerprint, Heartbeat, RoundInfo, Seal};
 use super::retry::{is_connection_error, OnRefusal};
+use super::pace::PaceNote;
 use super::{BeatNote, Published, RdzvError, RdzvEvent, Rendezvous};
 use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
@@ -31,7 +32,7 @@ impl<S: Store> Rendezvous<S> {
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
         *self.link.lock() = Link::new(Instant::now(), &self.timing);
         let key = self.key(&format!("hb/{}", self.me.id));
-        let task = heartbeats(self.store.clone(), key, self.link.clone(), self.timing, self.settings.keep_alive_interval, self.note.clone());
+        let task = heartbeats(self.store.clone(), key, self.link.clone(), self.timing, self.settings.keep_alive_interval, self.note.clone(), self.pace.clone());
         self.heartbeat = Some(tokio::spawn(task));
         Ok(())
     }
@@ -377,7 +378,7 @@ impl<S: Store> Rendezvous<S> {
 /// The heartbeat task: a round trip every `probe_every`, each bounded by `request_bound` (past it the
 /// connection is replaced): a beat (`hb/<me>`, a new value the others compare) once per `interval`, a ping
 /// between beats. Each acknowledgement, and each failure, goes into `link`.
-async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration, note: BeatNote) {
+async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration, note: BeatNote, pace: PaceNote) {
     let interval_ms = Some(interval.as_millis() as u64);
     let mut beat: u64 = 0;
     let mut last_beat: Option<Instant> = None;
@@ -388,7 +389,8 @@ async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: T
         let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= interval);
         let result = if due {
             let progress = note.lock().map(|p| p.clone()).unwrap_or_default();
-            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms, progress }.encode();
+            let pace = pace.lock().map(|p| p.clone()).unwrap_or_default();
+            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms, progress, pace }.encode();
             store.beat(&key, &value, t.request_bound).await
         } else {
             store.ping(&key, t.request_bound).await

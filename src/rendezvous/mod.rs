@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::store::{Store, StoreError, WatchEvent};
 
 pub mod board;
+pub mod pace;
 mod budget;
 mod ending;
 #[cfg(test)]
@@ -209,6 +210,8 @@ pub struct Rendezvous<S: Store> {
     events: Option<mpsc::UnboundedReceiver<WatchEvent>>,
     /// What the heartbeat carries besides its count and time: the local ranks' progress.
     note: BeatNote,
+    /// ... and the last straggler window of this node (`pace.rs`).
+    pace: pace::PaceNote,
     /// Which agent hosts the store (`ending.rs`).
     store_host: ending::StoreHost,
     /// This agent knows the job is closed, and said so in the store.
@@ -244,6 +247,7 @@ impl<S: Store> Rendezvous<S> {
             round_raw: Vec::new(),
             events: None,
             note: BeatNote::default(),
+            pace: pace::PaceNote::default(),
             store_host: ending::StoreHost::Unknown,
             closure_acked: std::sync::atomic::AtomicBool::new(false),
         }

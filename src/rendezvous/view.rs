@@ -250,12 +250,15 @@ mod tests {
 
     #[test]
     fn heartbeats_carry_their_time_and_older_ones_decode_without_it() {
-        let hb = Heartbeat { beat: 7, at_ms: Some(1_700_000_000_123), interval_ms: Some(5000), progress: Vec::new() };
+        let hb = Heartbeat { beat: 7, at_ms: Some(1_700_000_000_123), interval_ms: Some(5000), progress: Vec::new(), pace: None };
         assert_eq!(Heartbeat::decode(&hb.encode()), Some(hb.clone()));
         let with = Heartbeat { progress: vec![(2, 1_700_000_000_001), (3, 1_699_999_999_999)], ..hb };
         assert_eq!(with.encode(), b"7 1700000000123 5000 progress=2:1700000000001,3:1699999999999");
-        assert_eq!(Heartbeat::decode(&with.encode()), Some(with));
-        assert_eq!(Heartbeat::decode(b"12"), Some(Heartbeat { beat: 12, at_ms: None, interval_ms: None, progress: Vec::new() }));
+        assert_eq!(Heartbeat::decode(&with.encode()), Some(with.clone()));
+        let paced = Heartbeat { pace: Some(r#"{"frame":"train.py:4 step a"}"#.into()), ..with };
+        assert!(paced.encode().ends_with(br#"progress=2:1700000000001,3:1699999999999 pace={"frame":"train.py:4 step a"}"#));
+        assert_eq!(Heartbeat::decode(&paced.encode()), Some(paced));
+        assert_eq!(Heartbeat::decode(b"12"), Some(Heartbeat { beat: 12, at_ms: None, interval_ms: None, progress: Vec::new(), pace: None }));
         assert_eq!(Heartbeat::decode(b"x 1 2"), None);
         assert_eq!(Heartbeat::decode(b"\xff"), None);
     }

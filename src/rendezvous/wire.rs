@@ -175,7 +175,7 @@ impl RoundInfo {
     }
 }
 
-/// A heartbeat (`hb/<node>`): `<beat> <unix ms> <interval ms>[ progress=<rank>:<unix ms>,...]`. Each beat
+/// A heartbeat (`hb/<node>`): `<beat> <unix ms> <interval ms>[ progress=<rank>:<unix ms>,...][ pace=<json>]`. Each beat
 /// differs from the last (the neighbours compare values); the time and period let a reader (`muster status`)
 /// tell its age; with hang detection on, each rank's last progress (at most [`MAX_PROGRESS`] ranks). Agents
 /// before the time was added wrote `<beat>` alone.
@@ -188,6 +188,8 @@ pub struct Heartbeat {
     pub interval_ms: Option<u64>,
     /// `(global rank, last progress in unix ms)` of the writer's ranks that showed progress.
     pub progress: Vec<(u32, u64)>,
+    /// The writer's last complete straggler window (`crate::straggler`), as one line of JSON; always last.
+    pub pace: Option<String>,
 }
 
 /// Ranks a heartbeat carries the progress of: a heartbeat stays a few hundred bytes.
@@ -203,12 +205,20 @@ impl Heartbeat {
             let marks: Vec<String> = self.progress.iter().take(MAX_PROGRESS).map(|(r, ms)| format!("{r}:{ms}")).collect();
             out.push_str(&format!(" progress={}", marks.join(",")));
         }
+        if let Some(pace) = self.pace.as_ref().filter(|p| !p.contains('\n') && self.at_ms.is_some()) {
+            out.push_str(&format!(" pace={pace}"));
+        }
         out.into_bytes()
     }
 
     /// None when it is not a heartbeat at all.
     pub fn decode(bytes: &[u8]) -> Option<Heartbeat> {
         let text = std::str::from_utf8(bytes).ok()?;
+        // The pace may hold spaces: it is the rest of the value.
+        let (text, pace) = match text.split_once(" pace=") {
+            Some((head, pace)) => (head, Some(pace.to_string())),
+            None => (text, None),
+        };
         let mut f = text.split(' ');
         let beat = f.next()?.parse().ok()?;
         let at_ms = f.next().and_then(|v| v.parse().ok());
@@ -224,7 +234,7 @@ impl Heartbeat {
                     .collect()
             })
             .unwrap_or_default();
-        Some(Heartbeat { beat, at_ms, interval_ms, progress })
+        Some(Heartbeat { beat, at_ms, interval_ms, progress, pace })
     }
 }
 

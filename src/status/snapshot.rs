@@ -67,6 +67,9 @@ pub struct Row {
     pub heartbeat_age_ms: Option<u64>,
     /// How long ago the node's least recently progressing rank showed progress (hang detection on).
     pub progress_age_ms: Option<u64>,
+    /// The lowest share of its ranks' stack samples spent waiting in collectives over its last straggler
+    /// window (`crate::straggler`): a straggler's is far below the others'.
+    pub wait_percent: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -168,6 +171,7 @@ impl Snapshot {
                     .as_ref()
                     .and_then(|h| h.progress.iter().map(|(_, ms)| *ms).min())
                     .map(|ms| now_ms.saturating_sub(ms)),
+                wait_percent: n.heartbeat.as_ref().and_then(|h| h.pace.as_deref()).and_then(lowest_wait),
             }
         };
         let mut nodes: Vec<Row> = view.members.iter().enumerate().map(|(rank, n)| row(Some(rank as u32), n)).collect();
@@ -220,13 +224,24 @@ impl Snapshot {
         let dash = || "-".to_string();
         let opt = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
         let ago = |ms: Option<u64>| ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
-        // The progress column only where hang detection reports progress.
-        let progress = self.nodes.iter().any(|r| r.progress_age_ms.is_some());
-        let head = ["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "HEARTBEAT", "PROGRESS"];
-        let columns = if progress { 8 } else { 7 };
-        let mut rows = vec![head[..columns].iter().map(|h| h.to_string()).collect::<Vec<String>>()];
+        // The progress column only where hang detection reports progress, the wait column where straggler
+        // detection reports waits.
+        let shown = [
+            true,
+            true,
+            true,
+            true,
+            true,
+            true,
+            true,
+            self.nodes.iter().any(|r| r.progress_age_ms.is_some()),
+            self.nodes.iter().any(|r| r.wait_percent.is_some()),
+        ];
+        let head = ["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "HEARTBEAT", "PROGRESS", "WAIT"];
+        let keep = |cells: Vec<String>| cells.into_iter().zip(shown).filter(|(_, s)| *s).map(|(c, _)| c).collect::<Vec<String>>();
+        let mut rows = vec![keep(head.iter().map(|h| h.to_string()).collect())];
         rows.extend(self.nodes.iter().map(|r| {
-            let mut row = vec![
+            keep(vec![
                 opt(r.group_rank),
                 r.node.clone(),
                 r.addr.clone().unwrap_or_else(dash),
@@ -235,10 +250,10 @@ impl Snapshot {
                 opt(r.restarts),
                 ago(r.heartbeat_age_ms),
                 ago(r.progress_age_ms),
-            ];
-            row.truncate(columns);
-            row
+                r.wait_percent.map_or_else(dash, |w| format!("{w}%")),
+            ])
         }));
+        let columns = rows[0].len();
         let widths: Vec<usize> =
             (0..columns).map(|c| rows.iter().map(|r| r[c].chars().count()).max().unwrap_or(0)).collect();
         for r in &rows {
@@ -255,6 +270,13 @@ impl Snapshot {
     }
 }
 
+/// The lowest wait share of a heartbeat's straggler window, in percent.
+fn lowest_wait(pace: &str) -> Option<u32> {
+    let window: crate::straggler::judge::NodeWindow = serde_json::from_str(pace).ok()?;
+    let lowest = window.ranks.iter().filter_map(|r| r.wait_share()).min_by(f64::total_cmp)?;
+    Some((lowest * 100.0).round() as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,7 +291,7 @@ mod tests {
             alive,
             joining,
             waiting,
-            heartbeat: Some(Heartbeat { beat: 3, at_ms, interval_ms: Some(5000), progress: Vec::new() }),
+            heartbeat: Some(Heartbeat { beat: 3, at_ms, interval_ms: Some(5000), progress: Vec::new(), pace: None }),
         }
     }
 
@@ -287,6 +309,20 @@ mod tests {
             restarts: JobRestarts::default(),
             kept_out: Vec::new(),
         }
+    }
+
+    #[test]
+    fn the_wait_column_shows_each_members_lowest_wait_share() {
+        let mut a = node("a_1_0", true, false, false, Some(9_000));
+        let pace = r#"{"window":5,"node":"h","id":"a_1_0","group_rank":0,"ranks":[
+            {"rank":0,"local_rank":0,"samples":100,"waiting":64},{"rank":1,"local_rank":1,"samples":100,"waiting":3}]}"#;
+        if let Some(h) = a.heartbeat.as_mut() {
+            h.pace = Some(pace.replace('\n', ""));
+        }
+        let snap = Snapshot::from_view(&job(vec![a, node("b_2_0", true, false, false, Some(9_000))], vec![], 2, Some(2)), "h:1", 10_000);
+        assert_eq!(snap.nodes.iter().map(|r| r.wait_percent).collect::<Vec<_>>(), [Some(3), None]);
+        let table = snap.table();
+        assert!(table.contains("WAIT") && table.lines().any(|l| l.starts_with("0 ") && l.trim_end().ends_with("3%")), "{table}");
     }
 
     #[test]

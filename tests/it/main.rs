@@ -35,6 +35,7 @@ mod slurm;
 mod status;
 mod store_host;
 mod store_interop;
+mod straggler;
 mod supervision;
 mod timer;
 mod train;

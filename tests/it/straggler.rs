@@ -1,0 +1,124 @@
+//! Stragglers named without a change to the script: two agents × two gloo workers
+//! (tests/fixtures/straggler_worker.py) where one rank's step takes three times the others'; group rank 0
+//! names that rank, its node, local rank and the function it works in, within two windows. With
+//! `--on-straggler drain` its node drains once it stays a straggler through a second window, and the job goes
+//! on without it. A GPU slowed on the fake NVML is named the same way.
+
+use crate::common;
+
+use common::cluster::*;
+use common::*;
+use serde_json::Value;
+
+/// The straggler window of these tests.
+const WINDOW: &str = "--straggler-window=3";
+
+struct Job {
+    dir: tempfile::TempDir,
+    run_id: String,
+}
+
+impl Job {
+    fn new() -> Job {
+        Job { dir: tempfile::tempdir().expect("tempdir"), run_id: format!("pace{}", std::process::id()) }
+    }
+
+    fn args(&self, node: &str, endpoint: &str, conf: &str, extra: &[&str], slow: u32) -> Vec<String> {
+        let hook = format!("env | grep '^MUSTER_FAULT_' > {}", self.dir.path().join(format!("hook-{node}.env")).display());
+        let events = format!("--event-log={}", self.dir.path().join(format!("events-{node}.jsonl")).display());
+        AgentArgs::c10d("1:2", endpoint)
+            .nproc(2)
+            .conf(conf)
+            .run_id(&self.run_id)
+            .opts(["--shutdown-timeout=5", WINDOW, &events, "--on-node-fault", &hook])
+            .opts(extra)
+            .script(fixture("straggler_worker.py"))
+            .arg(self.dir.path())
+            .arg(slow.to_string())
+            .build()
+    }
+
+    /// Agents a (hosting the store) and b, rank `slow` three times slower than the others.
+    fn start(&self, extra: &[&str], slow: u32) -> (Agent, Agent) {
+        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1", extra, slow));
+        let port = a.hosted_port();
+        let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), "last_call_timeout=1", extra, slow));
+        (a, b)
+    }
+
+    fn finish(&self) {
+        std::fs::write(self.dir.path().join("finish"), "").expect("finish");
+    }
+
+    /// The straggler events agent `node` wrote.
+    fn stragglers(&self, node: &str) -> Vec<Value> {
+        let log = std::fs::read_to_string(self.dir.path().join(format!("events-{node}.jsonl"))).unwrap_or_default();
+        log.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["name"] == "muster.agent.straggler")
+            .collect()
+    }
+}
+
+/// Rank 3 (node b's local rank 1) works three times as long per step: group rank 0 names it within two
+/// windows of the workers' start, with the function it works in, and nobody else; training goes on.
+#[test]
+fn a_rank_three_times_slower_is_named_with_where_it_works() {
+    let job = Job::new();
+    let (mut a, mut b) = job.start(&[], 3);
+    let world = wait_world(job.dir.path(), 4, 4);
+    let line = "straggler: rank 3 on node ";
+    assert!(eventually(LONG, || a.log().contains(line)), "no {line:?} in\n{}\n---\n{}", a.log(), b.log());
+    let named = job.stragglers("a");
+    assert_eq!(named.len(), 1, "{named:?}");
+    let e = &named[0];
+    assert_eq!((e["rank"].as_u64(), e["local_rank"].as_u64(), e["group_rank"].as_u64()), (Some(3), Some(1), Some(1)), "{e}");
+    assert!(e["windows_training"].as_u64().is_some_and(|w| w <= 2), "named later than two windows of training: {e}");
+    let why = e["why"].as_str().unwrap_or_default();
+    assert!(why.contains("the job's median") && why.contains("it works in straggler_worker.py:") && why.contains(" work"), "{why}");
+    assert!(world.iter().all(|s| alive(s.pid)), "a worker ended: {}", a.log());
+    job.finish();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+}
+
+/// With `--on-straggler drain`, node b (whose rank 3 stays a straggler through a second window) drains: exit
+/// 75, the line, the hook with `straggler`; a goes on alone (`--nnodes 1:2`) without spending a restart.
+#[test]
+fn with_drain_the_stragglers_node_drains_and_the_job_goes_on_without_it() {
+    let job = Job::new();
+    let (mut a, mut b) = job.start(&["--on-straggler=drain"], 3);
+    wait_world(job.dir.path(), 4, 4);
+    assert_eq!(b.exit_code(LONG), Some(75), "{}\n---\n{}", b.log(), a.log());
+    assert!(b.log().contains("straggler: rank 3 on node ") && b.log().contains("its node drains (--on-straggler drain)"), "{}", b.log());
+    let hook = std::fs::read_to_string(job.dir.path().join("hook-b.env")).expect("b's hook ran");
+    assert!(hook.contains("MUSTER_FAULT_KIND=straggler"), "{hook}");
+    let alone = wait_world(job.dir.path(), 2, 2);
+    assert!(alone.iter().all(|s| s.node == "a" && s.restart_count == 0), "{alone:?}");
+    job.finish();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+}
+
+/// One agent, two workers on two fake GPUs, the job balanced; GPU 1 then slows for heat (its clock-event
+/// reasons say HW thermal slowdown, its SM clock 800 MHz): rank 1 is named for its GPU.
+#[test]
+fn a_gpu_slowed_on_the_fake_nvml_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gpus = common::gpus::FakeNode::new(dir.path(), "a", 2, &[]);
+    let args = AgentArgs::c10d(1, "127.0.0.1:0")
+        .nproc(2)
+        .conf("is_host=1")
+        .opts([WINDOW])
+        .script(fixture("straggler_worker.py"))
+        .arg(dir.path())
+        .build();
+    let mut agent = Agent::start_with_env("a", &args, &gpus.env());
+    wait_world(dir.path(), 2, 2);
+    gpus.write("clocks 1 0x40 sm=800");
+    let line = "straggler: rank 1 on node ";
+    let named = || agent.log().lines().any(|l| l.contains(line) && l.contains("runs on GPU 1, slowed (HW_THERMAL_SLOWDOWN) at 800 MHz"));
+    assert!(eventually(LONG, named), "rank 1 not named for its GPU:\n{}", agent.log());
+    assert!(!agent.log().contains("straggler: rank 0 "), "{}", agent.log());
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+}
