@@ -124,7 +124,9 @@ fn run(armed: Armed, out: &Published, note: &PaceNote, stop: &AtomicBool) {
     let mut readers: Vec<Reader> = armed
         .targets
         .iter()
-        .map(|&target| Reader { target, spy: None, next_try: Instant::now(), denied: false })
+        // Not at once: a new worker is still starting its interpreter, and attaching costs the CPU its start
+        // and the re-formation around it need.
+        .map(|&target| Reader { target, spy: None, next_try: Instant::now() + ATTACH_RETRY, denied: false })
         .collect();
     let mut sums: Vec<Sums> = readers.iter().map(|_| Sums::default()).collect();
     let mut current = window_of(armed.window);
