@@ -273,10 +273,11 @@ pub struct Cli {
 
     /// muster: seconds over which each rank's time is judged for stragglers (a stack sample of each rank's
     /// main thread every 250 ms, never pausing it, and its GPU's clocks); group rank 0 names a rank that
-    /// hardly waits in collectives while the others mostly do, or whose GPU is slowed. 0 turns it off.
-    #[arg(long = "straggler-window", env = "MUSTER_STRAGGLER_WINDOW", default_value = "60", value_parser = non_negative_seconds,
-          allow_hyphen_values = true)]
-    pub straggler_window: f64,
+    /// hardly waits in collectives while the others mostly do, or whose GPU is slowed. Default 60 (or two
+    /// keep_alive_interval's, if longer); 0 turns it off.
+    #[arg(long = "straggler-window", env = "MUSTER_STRAGGLER_WINDOW", value_parser = non_negative_seconds,
+          allow_hyphen_values = true, value_name = "SECONDS")]
+    pub straggler_window: Option<f64>,
 
     /// muster: what a named straggler does: `report` (default) names it once per stretch, `drain` drains
     /// its node once it stays one through a second window (exit code 75, the --on-node-fault hook with

@@ -174,6 +174,7 @@ impl LaunchConfig {
         }
         let rank_from_context = context.as_ref().is_some_and(|f| f.node_rank);
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
+        let straggler = straggler::from_cli(cli, rdzv.keep_alive_interval)?;
         let token = token::resolve(rdzv.token_file.as_deref(), token::RDZV_CONF_FLAG, (host.env)(token::TOKEN_ENV))?;
         let signals = parse_signals(&cli.signals_to_handle)?;
         let entrypoint = entrypoint::resolve(cli, host)?;
@@ -244,7 +245,7 @@ impl LaunchConfig {
             gpu_wait_timeout: Duration::from_secs(u64::from(cli.gpu_wait_timeout)),
             warm_spares: entrypoint::warm_spares(cli)?,
             hang: hang::from_cli(cli)?,
-            straggler: straggler::from_cli(cli)?,
+            straggler,
             stacks_on_failure: cli.stacks_on_failure,
         })
     }
@@ -315,6 +316,7 @@ mod tests {
             (&["--gate-checks", "disk", "/bin/true"], "invalid value 'disk' for '--gate-checks'"),
             (&["--on-link-drop", "restart", "/bin/true"], "invalid value 'restart' for '--on-link-drop': use report or drain"),
             (&["--on-straggler", "kill", "/bin/true"], "invalid value 'kill' for '--on-straggler': use report or drain"),
+            (&["--straggler-window", "9", "/bin/true"], "--straggler-window 9: shorter than two heartbeats"),
         ];
         for (args, needle) in cases {
             let e = config(args).unwrap_err().to_string();

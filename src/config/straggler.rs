@@ -5,6 +5,9 @@ use std::time::Duration;
 use super::{bad, ConfigError};
 use crate::cli::Cli;
 
+/// `--straggler-window`'s default.
+const DEFAULT_WINDOW: Duration = Duration::from_secs(60);
+
 /// What a straggler does once named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnStraggler {
@@ -21,14 +24,24 @@ pub struct StragglerConfig {
     pub on_straggler: OnStraggler,
 }
 
-pub fn from_cli(cli: &Cli) -> Result<Option<StragglerConfig>, ConfigError> {
+/// `heartbeat`: the agents' `keep_alive_interval`; a window carries on heartbeats, so it must span two.
+pub fn from_cli(cli: &Cli, heartbeat: Duration) -> Result<Option<StragglerConfig>, ConfigError> {
     let on_straggler = match cli.on_straggler.as_str() {
         "report" => OnStraggler::Report,
         "drain" => OnStraggler::Drain,
         other => return Err(bad(format!("invalid value '{other}' for '--on-straggler': use report or drain"))),
     };
-    if cli.straggler_window == 0.0 {
-        return Ok(None);
-    }
-    Ok(Some(StragglerConfig { window: Duration::from_secs_f64(cli.straggler_window), on_straggler }))
+    let window = match cli.straggler_window {
+        Some(0.0) => return Ok(None),
+        None => DEFAULT_WINDOW.max(2 * heartbeat),
+        Some(s) if Duration::from_secs_f64(s) < 2 * heartbeat => {
+            let least = 2 * heartbeat;
+            return Err(bad(format!(
+                "--straggler-window {s}: shorter than two heartbeats (keep_alive_interval {heartbeat:?}), which carry \
+                 each window; give at least {least:?}, or 0 to turn it off"
+            )));
+        }
+        Some(s) => Duration::from_secs_f64(s),
+    };
+    Ok(Some(StragglerConfig { window, on_straggler }))
 }

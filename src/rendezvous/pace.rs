@@ -23,6 +23,7 @@ pub struct PaceBoard<S: Store> {
     me: String,
     pub round: u64,
     pub group_rank: u32,
+    pub group_world_size: u32,
 }
 
 impl<S: Store> Rendezvous<S> {
@@ -36,6 +37,7 @@ impl<S: Store> Rendezvous<S> {
             me: self.me.id.clone(),
             round: current.round,
             group_rank: current.group_rank,
+            group_world_size: current.group_world_size,
         })
     }
 

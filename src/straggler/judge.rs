@@ -24,16 +24,22 @@ pub const SLOW_CLOCK_RATIO: f64 = 0.75;
 /// What one sample of a rank's main thread says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sample {
+    /// Still joining the process group (`init_process_group`): not the job's pace yet; not counted.
+    Starting,
     /// In a collective or a synchronisation: waiting on the other ranks (or its GPU).
     Waiting,
     /// Anything else; the innermost frame of the job's own code, where there is one.
     Working(Option<String>),
 }
 
-/// Classifies a main thread's frames (innermost first): a frame under `torch/distributed/` (every
-/// collective, barrier and `Work.wait`) or a CUDA synchronisation is waiting; the rest is the rank's own
+/// Classifies a main thread's frames (innermost first): in `init_process_group` the rank is starting; a
+/// frame under `torch/distributed/` (every collective, barrier and `Work.wait`) or a CUDA synchronisation is
+/// waiting; the rest is the rank's own
 /// work, a data loader's wait included (a rank starved of data is slow by itself).
 pub fn classify(frames: &[Frame]) -> Sample {
+    if frames.iter().any(|f| f.function == "init_process_group" || f.file.ends_with("torch/distributed/rendezvous.py")) {
+        return Sample::Starting;
+    }
     let waiting = frames.iter().any(|f| {
         f.file.contains("torch/distributed/")
             || (f.file.contains("torch/cuda/") && f.function == "synchronize")
@@ -186,6 +192,8 @@ mod tests {
             (vec![dist.clone(), own.clone()], Sample::Waiting),
             (vec![frame("wrapper", &format!("{torch}/distributed/c10d_logger.py")), dist, own.clone()], Sample::Waiting),
             (vec![sync, own.clone()], Sample::Waiting),
+            (vec![frame("init_process_group", &format!("{torch}/distributed/c10d_logger.py")), own.clone()], Sample::Starting),
+            (vec![frame("_create_c10d_store", &format!("{torch}/distributed/rendezvous.py")), own.clone()], Sample::Starting),
             (vec![own.clone()], Sample::Working(Some("train.py:10 heavy_step".into()))),
             (vec![queue, own], Sample::Working(Some("train.py:10 heavy_step".into()))),
             (vec![frame("matmul", &format!("{torch}/functional.py"))], Sample::Working(None)),

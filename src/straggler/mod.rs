@@ -3,9 +3,8 @@
 //! spends its time (a non-blocking stack sample every 250 ms: waiting in a collective or a CUDA sync, or
 //! working, and where), and each GPU's SM clock and clock-event reasons. Each agent sums its ranks per
 //! window (windows cut by wall-clock time, the same for every agent) and its heartbeat carries the last
-//! one; group rank 0 judges every window (`judge.rs`) from every heartbeat and names each straggler once
-//! per stretch. Under `--on-straggler drain` a rank that stays one through a second window has its node
-//! drained: group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75,
+//! one; group rank 0 judges every window (`judge.rs`) from every heartbeat and names a rank that lags in two
+//! windows in a row, once per stretch. Under `--on-straggler drain` its node is then drained: group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75,
 //! the hook with `straggler`), and the job goes on without it (elastic MIN, or a spare).
 
 pub mod judge;
@@ -28,6 +27,9 @@ use judge::{judge, NodeWindow};
 pub use sample::Armed;
 use sample::{Published, Sampler};
 
+/// Consecutive windows a rank must lag in before it is named (and, under `drain`, its node drained).
+const NAMED_AFTER: u32 = 2;
+
 /// How long after a failed attempt to watch the pace board the next one is made.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
 
@@ -42,7 +44,7 @@ pub struct Monitor {
     /// Each straggler's consecutive windows, by rank.
     streaks: BTreeMap<u32, u32>,
     /// The last window judged, and the first in which the running group was seen training (its ranks
-    /// waiting in collectives): where "within two windows" counts from.
+    /// waiting in collectives, each sampled enough to be judged): where "within two windows" counts from.
     judged: u64,
     training_since: Option<u64>,
     /// The drain verdict's watch, for the round it is on.
@@ -141,13 +143,17 @@ impl Monitor {
             }
         };
         self.judged = done.window;
-        self.verdict(board, &windows, done.window).await;
+        let every_node = windows.len() >= board.group_world_size as usize;
+        self.verdict(board, &windows, done.window, every_node).await;
     }
 
     /// Names each new straggler, says when one keeps pace again, and under `drain` names the node of one
     /// that stayed a straggler through a second window.
-    async fn verdict<S: Store>(&mut self, board: &PaceBoard<S>, windows: &[NodeWindow], window: u64) {
-        if judge::median_wait(windows).is_some_and(|m| m >= judge::MIN_MEDIAN_WAIT) {
+    async fn verdict<S: Store>(&mut self, board: &PaceBoard<S>, windows: &[NodeWindow], window: u64, every_node: bool) {
+        // Training, every node's window in, every rank sampled enough to be judged: from here on a straggler
+        // can be seen.
+        let judged_all = every_node && windows.iter().all(|w| w.denied || w.ranks.iter().all(|r| r.wait_share().is_some()));
+        if judged_all && judge::median_wait(windows).is_some_and(|m| m >= judge::MIN_MEDIAN_WAIT) {
             self.training_since.get_or_insert(window);
         }
         let named = judge(windows);
@@ -155,8 +161,9 @@ impl Monitor {
         for s in &named {
             let streak = was.get(&s.rank).copied().unwrap_or(0) + 1;
             self.streaks.insert(s.rank, streak);
-            if streak == 1 {
-                tracing::warn!("{} (over {:?})", s.line(), self.cfg.window);
+            // One window is not enough: on a busy host a rank may lose the CPU for a while by chance.
+            if streak == NAMED_AFTER {
+                tracing::warn!("{} (two windows of {:?})", s.line(), self.cfg.window);
                 self.events.emit(
                     "muster.agent.straggler",
                     json!({
@@ -173,14 +180,14 @@ impl Monitor {
                     m.straggler();
                 }
             }
-            if streak >= 2 && self.cfg.on_straggler == OnStraggler::Drain {
+            if streak >= NAMED_AFTER && self.cfg.on_straggler == OnStraggler::Drain {
                 let line = format!("{} for two windows of {:?}; its node drains (--on-straggler drain)", s.line(), self.cfg.window);
                 if let Err(e) = board.put_verdict(&s.id, &line).await {
                     tracing::warn!("cannot name the straggler's node to drain: {e}");
                 }
             }
         }
-        for rank in was.keys().filter(|r| !self.streaks.contains_key(r)) {
+        for (rank, _) in was.iter().filter(|(r, n)| **n >= NAMED_AFTER && !self.streaks.contains_key(r)) {
             tracing::info!("straggler: rank {rank} keeps pace again");
         }
     }

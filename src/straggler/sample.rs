@@ -143,11 +143,18 @@ fn run(armed: Armed, out: &Published, note: &PaceNote, stop: &AtomicBool) {
         }
         for (reader, sum) in readers.iter_mut().zip(sums.iter_mut()) {
             if let Some(frames) = reader.frames() {
-                sum.samples += 1;
                 match classify(&frames) {
-                    Sample::Waiting => sum.waiting += 1,
-                    Sample::Working(Some(f)) => *sum.frames.entry(f).or_default() += 1,
-                    Sample::Working(None) => {}
+                    Sample::Starting => {}
+                    Sample::Waiting => {
+                        sum.samples += 1;
+                        sum.waiting += 1;
+                    }
+                    Sample::Working(frame) => {
+                        sum.samples += 1;
+                        if let Some(f) = frame {
+                            *sum.frames.entry(f).or_default() += 1;
+                        }
+                    }
                 }
             }
             if let (Some(nvml), Some(gpu)) = (armed.nvml, armed.gpus.get(&reader.target.local_rank)) {

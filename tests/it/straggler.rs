@@ -10,7 +10,7 @@ use common::cluster::*;
 use common::*;
 use serde_json::Value;
 
-/// The straggler window of these tests.
+/// The straggler window of these tests (at least two heartbeats: `keep_alive_interval=1`).
 const WINDOW: &str = "--straggler-window=3";
 
 struct Job {
@@ -40,9 +40,9 @@ impl Job {
 
     /// Agents a (hosting the store) and b, rank `slow` three times slower than the others.
     fn start(&self, extra: &[&str], slow: u32) -> (Agent, Agent) {
-        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1", extra, slow));
+        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1,keep_alive_interval=1", extra, slow));
         let port = a.hosted_port();
-        let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), "last_call_timeout=1", extra, slow));
+        let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), "last_call_timeout=1,keep_alive_interval=1", extra, slow));
         (a, b)
     }
 
@@ -107,7 +107,7 @@ fn a_gpu_slowed_on_the_fake_nvml_is_named() {
     let gpus = common::gpus::FakeNode::new(dir.path(), "a", 2, &[]);
     let args = AgentArgs::c10d(1, "127.0.0.1:0")
         .nproc(2)
-        .conf("is_host=1")
+        .conf("is_host=1,keep_alive_interval=1")
         .opts([WINDOW])
         .script(fixture("straggler_worker.py"))
         .arg(dir.path())
