@@ -11,6 +11,7 @@ use super::state::{Grace, Input, Op, StopFor};
 use super::stores::WorkerStore;
 use super::AgentError;
 use crate::config::LaunchConfig;
+use crate::gate::Check;
 use crate::gpu::health::Fault;
 use crate::gpu::GpuInfo;
 use crate::observe::record::StopKind;
@@ -168,7 +169,7 @@ impl Work {
                 Err(e) => Input::Failed(e.into()),
             },
             found = hang => Input::Hung(Box::new(found)),
-            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy("network", line).await),
+            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy(Check::Network.name(), line).await),
             line = straggling => Input::Failed(self.drain_unhealthy("straggler", line).await),
         }
     }

@@ -88,7 +88,7 @@ impl Agent {
                 RdzvMode::C10d { .. } | RdzvMode::Etcd(_) => cfg.local_addr.clone(),
             },
         };
-        let rendezvous_note = rendezvous.pace_note();
+        let pace_note = rendezvous.pace_note();
         let work = Work {
             spares: WarmSpares::new(cfg.warm_spares.clone(), guard.clone()),
             hostname: crate::host::hostname(),
@@ -107,8 +107,7 @@ impl Agent {
             attempt_dir: None,
             links: cfg.health.links(&cfg.local_addr).map(|l| super::links::LinkWatch::new(l, cfg.health.on_link_drop)),
             pace: cfg.straggler.map(|s| {
-                let note = rendezvous_note.clone();
-                crate::straggler::Monitor::new(s, cfg.rdzv.keep_alive_interval, note, sinks.events.clone(), sinks.metrics.clone())
+                crate::straggler::Monitor::new(s, cfg.rdzv.keep_alive_interval, pace_note, sinks.events.clone(), sinks.metrics.clone())
             }),
         };
         Ok(Agent {

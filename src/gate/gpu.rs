@@ -2,8 +2,7 @@
 //! action asked for, no failed or pending row remap, no page retirement pending, no volatile double-bit ECC
 //! error, no clock-event reason that slows an idle GPU (hardware slowdown, thermal, power brake), as many
 //! NVLinks active as its peers, and no compute process of another job; and the node has the GPUs the job
-//! needs. Each NVML call is bounded by
-//! the gate (`mod.rs`).
+//! needs. Each NVML call is bounded by the gate (`mod.rs`).
 
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
@@ -94,11 +93,16 @@ fn sick(device: &Device) -> Option<String> {
 /// it exited: one is foreign only if it is still listed after [`RELEASE_WAIT`] (or the gate's end).
 fn foreign_process(nvml: &Nvml, count: u32, excluded: &BTreeSet<u32>, deadline: Instant) -> Option<String> {
     let until = (Instant::now() + RELEASE_WAIT).min(deadline);
+    let me = std::process::id() as i32;
     loop {
-        let me = std::process::id() as i32;
-        let tree = crate::supervisor::proctree::Tree::scan();
+        // /proc is read only when a GPU lists a process (rarely, before a join).
+        let mut tree = None;
         let found = (0..count).filter(|i| !excluded.contains(i)).find_map(|index| {
             let procs = nvml.device_by_index(index).ok()?.running_compute_processes().ok()?;
+            if procs.is_empty() {
+                return None;
+            }
+            let tree = tree.get_or_insert_with(crate::supervisor::proctree::Tree::scan);
             let p = procs.into_iter().find(|p| !tree.descends(p.pid as i32, me))?;
             let used = match p.used_gpu_memory {
                 UsedGpuMemory::Used(bytes) => format!("{} MiB", bytes >> 20),

@@ -134,7 +134,7 @@ pub struct Finding {
 }
 
 impl Finding {
-    pub fn ok(check: Check, saw: impl Into<String>) -> Finding {
+    fn ok(check: Check, saw: impl Into<String>) -> Finding {
         Finding { check, ok: true, saw: saw.into(), pass: String::new() }
     }
 

@@ -25,7 +25,7 @@ use crate::rendezvous::pace::{PaceBoard, PaceNote};
 use crate::store::{Store, WatchEvent};
 use judge::{judge, NodeWindow};
 pub use sample::Armed;
-use sample::{Published, Sampler};
+use sample::Sampler;
 
 /// Consecutive windows a rank must lag in before it is named (and, under `drain`, its node drained).
 const NAMED_AFTER: u32 = 2;
@@ -38,8 +38,8 @@ pub struct Monitor {
     cfg: StragglerConfig,
     /// How long after a window's end group rank 0 reads it: every heartbeat has carried it by then.
     settle: Duration,
+    /// This node's last complete window, as the sampler wrote it for the heartbeat.
     note: PaceNote,
-    published: Published,
     sampler: Option<Sampler>,
     /// Each straggler's consecutive windows, by rank.
     streaks: BTreeMap<u32, u32>,
@@ -60,7 +60,6 @@ impl Monitor {
             cfg,
             settle: heartbeat + Duration::from_secs(1),
             note,
-            published: Published::default(),
             sampler: None,
             streaks: BTreeMap::new(),
             judged: 0,
@@ -78,16 +77,13 @@ impl Monitor {
     /// Starts sampling a new group of workers.
     pub fn arm(&mut self, armed: Armed) {
         self.training_since = None;
-        self.sampler = Sampler::start(armed, self.published.clone(), self.note.clone());
+        self.sampler = Sampler::start(armed, self.note.clone());
     }
 
     /// The workers stopped: the sampler with them, and nothing more to carry.
     pub fn disarm(&mut self) {
         self.sampler = None;
-        *self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
-        if let Ok(mut n) = self.note.lock() {
-            *n = None;
-        }
+        *self.note.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     /// Runs while the workers run: judges each window on group rank 0, and returns the line this node drains with once the pace board names it. Cancel-safe.
@@ -129,8 +125,8 @@ impl Monitor {
     /// Shows this node's last window in the metrics; on group rank 0, judges it once, every node's
     /// heartbeat having carried it by now.
     async fn judge_last<S: Store>(&mut self, board: &PaceBoard<S>) {
-        let done = self.published.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        let Some(done) = done else { return };
+        let note = self.note.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        let Some(done) = note.and_then(|json| serde_json::from_str::<NodeWindow>(&json).ok()) else { return };
         self.gauges(&done);
         if board.group_rank != 0 || done.window <= self.judged {
             return;

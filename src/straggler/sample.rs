@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, PoisonError};
 use std::time::{Duration, Instant};
 
 use nvml_wrapper::enum_wrappers::device::Clock;
@@ -30,9 +30,6 @@ pub struct Armed {
     pub group_rank: u32,
 }
 
-/// The last complete window, shared with the heartbeat.
-pub type Published = Arc<Mutex<Option<NodeWindow>>>;
-
 /// The running sampler; dropping it stops its thread at its next wake-up.
 pub struct Sampler {
     stop: Arc<AtomicBool>,
@@ -45,13 +42,13 @@ impl Drop for Sampler {
 }
 
 impl Sampler {
-    /// Starts sampling `armed`; each complete window goes into `out`, and into `note` for the heartbeat to
-    /// carry (within one heartbeat of the window's end). None when no thread can be started.
-    pub fn start(armed: Armed, out: Published, note: PaceNote) -> Option<Sampler> {
+    /// Starts sampling `armed`; each complete window goes into `note`, for the heartbeat to carry (within one
+    /// heartbeat of the window's end). None when no thread can be started.
+    pub fn start(armed: Armed, note: PaceNote) -> Option<Sampler> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let spawned =
-            std::thread::Builder::new().name("muster-pace".into()).spawn(move || run(armed, &out, &note, &flag));
+            std::thread::Builder::new().name("muster-pace".into()).spawn(move || run(armed, &note, &flag));
         match spawned {
             Ok(_) => Some(Sampler { stop }),
             Err(e) => {
@@ -120,7 +117,7 @@ fn window_of(window: Duration) -> u64 {
     ms / (window.as_millis().max(1) as u64)
 }
 
-fn run(armed: Armed, out: &Published, note: &PaceNote, stop: &AtomicBool) {
+fn run(armed: Armed, note: &PaceNote, stop: &AtomicBool) {
     let mut readers: Vec<Reader> = armed
         .targets
         .iter()
@@ -138,7 +135,6 @@ fn run(armed: Armed, out: &Published, note: &PaceNote, stop: &AtomicBool) {
             if let Ok(json) = serde_json::to_string(&done) {
                 *note.lock().unwrap_or_else(PoisonError::into_inner) = Some(json);
             }
-            *out.lock().unwrap_or_else(PoisonError::into_inner) = Some(done);
             current = now;
         }
         for (reader, sum) in readers.iter_mut().zip(sums.iter_mut()) {
