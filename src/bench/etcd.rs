@@ -71,23 +71,27 @@ impl EtcdProcess {
     }
 }
 
-/// etcd's own count of the requests it has answered, by method (`Range`, `Txn`, `Watch`, …): the
-/// `grpc_server_handled_total` counters of its `/metrics` (the JSON gateway's requests go through gRPC too).
+/// etcd's own count of the requests it has received, by method (`Range`, `Txn`, `Watch`, …): the
+/// `grpc_server_msg_received_total` counters of its `/metrics`, one per unary call and one per message on a
+/// stream (a watcher created or cancelled, a lease keepalive).
 /// `None` when it cannot be read (https, or metrics not served): the report then leaves the figure out.
 pub(super) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
+    // reqwest builds a TLS set-up even for http, on the process's crypto provider (installed once: a later
+    // call changes nothing).
+    let _ = rustls::crypto::ring::default_provider().install_default();
     let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(10)).build().ok()?;
     let response = client.get(format!("http://{endpoint}/metrics")).send().await.ok()?;
     if !response.status().is_success() {
         return None;
     }
-    Some(handled_by_method(&response.text().await.ok()?))
+    Some(received_by_method(&response.text().await.ok()?))
 }
 
-/// The sum of `grpc_server_handled_total` by `grpc_method` (over codes and services) in Prometheus text.
-fn handled_by_method(text: &str) -> BTreeMap<String, u64> {
+/// The sum of `grpc_server_msg_received_total` by `grpc_method` (over services and types) in Prometheus text.
+fn received_by_method(text: &str) -> BTreeMap<String, u64> {
     let mut by_method = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("grpc_server_handled_total{") else { continue };
+        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else { continue };
         let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
         let method = labels.split(',').find_map(|l| l.strip_prefix("grpc_method=\"")?.strip_suffix('"'));
         // Counters are printed as floats ("1e+06" past a million).
@@ -104,16 +108,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn handled_requests_are_summed_by_method_and_anything_else_is_left_out() {
-        let text = "# HELP grpc_server_handled_total Total number of RPCs completed on the server.\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
-            grpc_server_handled_total{grpc_code=\"NotFound\",grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 3\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1.5e+06\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 0\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_service=\"etcdserverpb.KV\"} 7\n\
-            grpc_server_handled_total{grpc_method=\"Watch\"} NaN\n\
-            grpc_server_started_total{grpc_code=\"OK\",grpc_method=\"Range\"} 99\n";
+    fn received_requests_are_summed_by_method_and_anything_else_is_left_out() {
+        let text = "# HELP grpc_server_msg_received_total Total number of RPC stream messages received on the server.\n\
+            grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
+            grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 3\n\
+            grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1.5e+06\n\
+            grpc_server_msg_received_total{grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 0\n\
+            grpc_server_msg_received_total{grpc_service=\"etcdserverpb.KV\"} 7\n\
+            grpc_server_msg_received_total{grpc_method=\"Watch\"} NaN\n\
+            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\"} 99\n";
         let expected = [("Put", 0), ("Range", 15), ("Txn", 1_500_000)];
-        assert_eq!(handled_by_method(text), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
+        assert_eq!(received_by_method(text), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
     }
 }

@@ -332,6 +332,7 @@ mod tests {
 
     /// etcd's revision (every write moves it) and its leases, read over its JSON gateway.
     async fn etcd_state(endpoint: &str) -> (i64, Vec<String>) {
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = reqwest::Client::new();
         let post = |path: &str| {
             let request = client.post(format!("http://{endpoint}{path}")).body("{}").send();

@@ -107,7 +107,7 @@ pub enum StoreError {
     Etcd { endpoint: String, code: i64, message: String },
 
     #[error(
-        "{endpoint} is not etcd's v3 JSON gateway ({answer}); give the members' client URLs (port 2379 by \
+        "{endpoint} is not etcd's v3 gRPC API ({answer}); give the members' client URLs (port 2379 by \
          default, not the peer port 2380), and etcd 3.4 or later"
     )]
     NotEtcd { endpoint: String, answer: String },

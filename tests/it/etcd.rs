@@ -239,7 +239,7 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
     let peer = etcd.peer_endpoint(&etcd.names()[0]);
     let cases: [(String, &str, &str, i32); 3] = [
         (format!("127.0.0.1:{nothing}"), "join_timeout=2", "no etcd member answered", 3),
-        (peer, "join_timeout=10", "is not etcd's v3 JSON gateway", 2),
+        (peer, "join_timeout=10", "is not etcd's v3 gRPC API", 2),
         (etcd.endpoints(), "protocol=https", "needs cacert=PATH", 2),
     ];
     for (endpoint, conf, needle, code) in cases {

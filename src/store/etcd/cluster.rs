@@ -3,15 +3,19 @@
 //! (after [`OUTAGE_AFTER`] of failures) and its end once.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde::de::DeserializeOwned;
-use serde_json::{json, Value};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::codec::Streaming;
+use tonic::transport::Channel;
+use tonic::{Code, Status};
 
+use super::connect;
+use super::pb::{self, path};
 use super::tls::{self, TlsFiles};
-use super::wire::{self, ErrorReply};
 use crate::store::error::ETCD_CHECK;
 use crate::store::StoreError;
 
@@ -20,6 +24,8 @@ const ATTEMPT: Duration = Duration::from_secs(2);
 /// Failures this long in a row are an outage, said once; a leader election (1.1–1.6 s here) is not one.
 const OUTAGE_AFTER: Duration = Duration::from_secs(3);
 const BACKOFF: Duration = Duration::from_millis(200);
+/// The largest reply read: a range of every member record of a 16K-node round is well below it.
+const MAX_MESSAGE: usize = 64 << 20;
 
 /// User name and password for etcd's auth, from the environment (never the command line).
 #[derive(Clone, PartialEq, Eq)]
@@ -49,60 +55,61 @@ struct Outage {
     reported: bool,
 }
 
+struct Member {
+    url: String,
+    host: String,
+    /// Replaced when a request on it goes unanswered: its connection may be dead without a reset.
+    channel: Mutex<Channel>,
+}
+
+/// A request message: what tonic's prost codec encodes.
+pub(super) trait Message: prost::Message + Clone + Default + Send + Sync + 'static {}
+impl<T: prost::Message + Clone + Default + Send + Sync + 'static> Message for T {}
+
 pub(super) struct Cluster {
-    urls: Vec<String>,
+    members: Vec<Member>,
     /// The members as `host:port`.
     hosts: Vec<String>,
-    client: reqwest::Client,
-    /// For watch streams: no overall deadline (a watch may be quiet for days), TCP keepalive instead.
-    streams: reqwest::Client,
+    tls: Option<Arc<rustls::ClientConfig>>,
     preferred: AtomicUsize,
     credentials: Option<Credentials>,
     token: Mutex<Option<String>>,
     outage: Mutex<Outage>,
     /// How the endpoints are named in messages.
     pub(super) named: String,
-    /// Watch streams etcd confirmed created and still open (tests wait on it: `testing`).
+    /// Watches etcd confirmed created and still open (tests wait on it: `testing`).
     #[cfg(test)]
-    pub(super) watching: std::sync::Arc<AtomicUsize>,
+    pub(super) watching: Arc<AtomicUsize>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Cluster {
-    /// Reads the TLS files (a wrong path or a bad PEM is a bad setting) and builds the clients.
+    /// Reads the TLS files (a wrong path or a bad PEM is a bad setting) and sets up one channel per member.
     pub(super) async fn new(
         endpoints: &[String],
         tls_files: Option<&TlsFiles>,
         credentials: Option<Credentials>,
     ) -> Result<Cluster, StoreError> {
         let scheme = if tls_files.is_some() { "https" } else { "http" };
-        let urls: Vec<String> = endpoints.iter().map(|e| format!("{scheme}://{e}")).collect();
-        // reqwest builds a TLS set-up even for http; it needs a crypto provider (ring, installed once per
-        // process: a later call finds it installed and changes nothing).
-        let _ = rustls::crypto::ring::default_provider().install_default();
         let tls = match tls_files {
-            Some(files) => Some(tls::client_config(files).await?),
+            Some(files) => Some(Arc::new(tls::client_config(files).await?)),
             None => None,
         };
-        let build = |streams: bool| {
-            let mut b = reqwest::Client::builder()
-                .connect_timeout(ATTEMPT)
-                .tcp_keepalive(Duration::from_secs(5))
-                .no_proxy()
-                .pool_idle_timeout(Duration::from_secs(30));
-            if streams {
-                b = b.pool_max_idle_per_host(0);
-            }
-            if let Some(config) = &tls {
-                b = b.tls_backend_preconfigured(config.clone());
-            }
-            b.build().map_err(|e| StoreError::BadSetting { what: format!("cannot set up the etcd client: {e}") })
-        };
+        let members = endpoints
+            .iter()
+            .map(|host| {
+                let channel = Mutex::new(connect::channel(host, tls.clone())?);
+                Ok(Member { url: format!("{scheme}://{host}"), host: host.clone(), channel })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?;
         Ok(Cluster {
+            named: members.iter().map(|m| m.url.as_str()).collect::<Vec<_>>().join(","),
             hosts: endpoints.to_vec(),
-            named: urls.join(","),
-            client: build(false)?,
-            streams: build(true)?,
-            urls,
+            members,
+            tls,
             preferred: AtomicUsize::new(0),
             credentials,
             token: Mutex::new(None),
@@ -117,52 +124,45 @@ impl Cluster {
         &self.hosts
     }
 
-    fn token(&self) -> MutexGuard<'_, Option<String>> {
-        self.token.lock().unwrap_or_else(PoisonError::into_inner)
+    fn grpc(&self, idx: usize) -> tonic::client::Grpc<Channel> {
+        let channel = lock(&self.members[idx].channel).clone();
+        tonic::client::Grpc::new(channel).max_decoding_message_size(MAX_MESSAGE)
     }
 
-    fn outage(&self) -> MutexGuard<'_, Outage> {
-        self.outage.lock().unwrap_or_else(PoisonError::into_inner)
+    /// A fresh connection to member `idx` for the next request: the current one left a request unanswered.
+    fn replace(&self, idx: usize) {
+        let member = &self.members[idx];
+        match connect::channel(&member.host, self.tls.clone()) {
+            Ok(channel) => *lock(&member.channel) = channel,
+            Err(e) => tracing::debug!("etcd: cannot set up a new connection to {}: {e}", member.url),
+        }
     }
 
-    /// `POST path` with `body` to the first member that answers, until `deadline`: the reply parsed as `T`.
-    pub(super) async fn call<T: DeserializeOwned>(
-        &self,
-        path: &'static str,
-        body: &Value,
-        deadline: Instant,
-    ) -> Result<T, StoreError> {
-        let bytes = self.call_raw(path, body, deadline).await?;
-        serde_json::from_slice(&bytes).map_err(|e| StoreError::NotEtcd {
-            endpoint: self.named.clone(),
-            answer: format!("an unreadable reply to {path}: {e}"),
-        })
-    }
-
-    async fn call_raw(&self, path: &'static str, body: &Value, deadline: Instant) -> Result<Vec<u8>, StoreError> {
-        let n = self.urls.len();
+    /// A unary call of `path` to the first member that answers, until `deadline`.
+    pub(super) async fn call<Q: Message, R: Message>(&self, path: &'static str, req: &Q, deadline: Instant) -> Result<R, StoreError> {
+        let n = self.members.len();
         let mut last = String::from("no attempt made");
         let mut reauthenticated = false;
         loop {
             let first = self.preferred.load(Ordering::Relaxed);
             for i in 0..n {
                 let idx = (first + i) % n;
-                match self.attempt(idx, path, body, deadline).await {
-                    Ok(bytes) => {
+                match self.attempt(idx, path, req, deadline).await {
+                    Ok(reply) => {
                         self.preferred.store(idx, Ordering::Relaxed);
                         self.answered(idx);
-                        return Ok(bytes);
+                        return Ok(reply);
                     }
                     Err(Failure::Transient(why)) => {
                         // The next request starts at the next member: one in flight to a dying leader
                         // must not be followed by another to it.
                         let _ = self.preferred.compare_exchange(idx, (idx + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
-                        last = format!("{}: {why}", self.urls[idx]);
+                        last = format!("{}: {why}", self.members[idx].url);
                     }
                     Err(Failure::Token) if !reauthenticated => {
                         reauthenticated = true;
-                        *self.token() = None;
-                        last = format!("{}: the auth token expired", self.urls[idx]);
+                        *lock(&self.token) = None;
+                        last = format!("{}: the auth token expired", self.members[idx].url);
                     }
                     Err(Failure::Token) => return Err(self.auth_failed("the new auth token was refused too")),
                     Err(Failure::Final(e)) => return Err(e),
@@ -180,52 +180,50 @@ impl Cluster {
         }
     }
 
-    async fn attempt(&self, idx: usize, path: &'static str, body: &Value, deadline: Instant) -> Result<Vec<u8>, Failure> {
-        let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        let token = match (&self.credentials, path) {
-            (Some(c), p) if p != AUTHENTICATE => Some(self.ensure_token(idx, c, deadline).await?),
-            _ => None,
+    async fn attempt<Q: Message, R: Message>(&self, idx: usize, path: &'static str, req: &Q, deadline: Instant) -> Result<R, Failure> {
+        let bound = ATTEMPT.min(deadline.saturating_duration_since(Instant::now())).max(Duration::from_millis(1));
+        let request = self.request(idx, path, req.clone(), bound).await?;
+        let mut grpc = self.grpc(idx);
+        let call = async {
+            grpc.ready().await.map_err(|e| Status::unavailable(chain(&e)))?;
+            grpc.unary(request, http::uri::PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
         };
-        let mut request = self
-            .client
-            .post(format!("{}{path}", self.urls[idx]))
-            .header("content-type", "application/json")
-            .body(body.to_string())
-            .timeout(ATTEMPT.min(left));
-        if let Some(token) = token {
-            request = request.header("authorization", token);
+        match tokio::time::timeout(bound, call).await {
+            Ok(Ok(reply)) => Ok(reply.into_inner()),
+            Ok(Err(status)) => Err(self.classify(idx, &status)),
+            Err(_) => {
+                self.replace(idx);
+                Err(Failure::Transient(format!("no answer within {bound:?}")))
+            }
         }
-        let response = request.send().await.map_err(|e| self.send_failure(idx, &e))?;
-        let status = response.status();
-        let bytes = response.bytes().await.map_err(|e| Failure::Transient(chain(&e)))?.to_vec();
-        if status.is_success() {
-            return Ok(bytes);
+    }
+
+    /// `message` with the auth token (authenticating first when there is none) and `bound` as its deadline.
+    async fn request<T>(&self, idx: usize, path: &'static str, message: T, bound: Duration) -> Result<tonic::Request<T>, Failure> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(bound);
+        if let (Some(c), false) = (&self.credentials, path == path::AUTHENTICATE) {
+            let token = self.ensure_token(idx, c, Instant::now() + bound).await?;
+            let value = token.parse().map_err(|_| Failure::Final(self.auth_failed("etcd gave an auth token that is not ASCII")))?;
+            request.metadata_mut().insert("token", value);
         }
-        let Ok(reply) = serde_json::from_slice::<ErrorReply>(&bytes) else {
-            return Err(match status.as_u16() {
-                502..=504 => Failure::Transient(format!("HTTP {status}")),
-                _ => Failure::Final(self.not_etcd(idx, format!("HTTP {status} to {path}, not etcd's JSON gateway"))),
-            });
-        };
-        Err(classify(status.as_u16(), reply, || self.urls[idx].clone()))
+        Ok(request)
     }
 
     /// The token to send, authenticating first when there is none.
     async fn ensure_token(&self, idx: usize, c: &Credentials, deadline: Instant) -> Result<String, Failure> {
-        if let Some(token) = self.token().clone() {
+        if let Some(token) = lock(&self.token).clone() {
             return Ok(token);
         }
-        let body = json!({ "name": c.user, "password": c.password });
-        let bytes = Box::pin(self.attempt(idx, AUTHENTICATE, &body, deadline)).await.map_err(|f| match f {
+        let body = pb::AuthenticateRequest { name: c.user.clone(), password: c.password.clone() };
+        let reply: pb::AuthenticateResponse = Box::pin(self.attempt(idx, path::AUTHENTICATE, &body, deadline)).await.map_err(|f| match f {
             Failure::Final(StoreError::Etcd { message, .. }) => Failure::Final(self.auth_failed(&message)),
             other => other,
         })?;
-        let reply: wire::AuthReply = serde_json::from_slice(&bytes)
-            .map_err(|e| Failure::Final(self.not_etcd(idx, format!("an unreadable auth reply: {e}"))))?;
         if reply.token.is_empty() {
             return Err(Failure::Final(self.auth_failed("etcd has auth disabled but was given credentials")));
         }
-        *self.token() = Some(reply.token.clone());
+        *lock(&self.token) = Some(reply.token.clone());
         Ok(reply.token)
     }
 
@@ -234,20 +232,17 @@ impl Cluster {
         StoreError::EtcdAuth { endpoints: self.named.clone(), user, why: why.to_string() }
     }
 
-    fn not_etcd(&self, idx: usize, answer: String) -> StoreError {
-        StoreError::NotEtcd { endpoint: self.urls[idx].clone(), answer }
-    }
-
-    /// A request that got no reply: a TLS refusal is final (the certificates are wrong, not the member).
-    fn send_failure(&self, idx: usize, e: &reqwest::Error) -> Failure {
-        match tls::refusal(e) {
-            Some(reason) => Failure::Final(StoreError::Tls { endpoint: self.urls[idx].clone(), reason }),
-            None => Failure::Transient(chain(e)),
+    /// What a failed call means: a TLS refusal is final (the certificates are wrong, not the member).
+    fn classify(&self, idx: usize, status: &Status) -> Failure {
+        let url = &self.members[idx].url;
+        if let Some(reason) = tls::refusal(status) {
+            return Failure::Final(StoreError::Tls { endpoint: url.clone(), reason });
         }
+        classify(status.code(), status.message(), || url.clone(), || chain(status))
     }
 
     fn failed_pass(&self, last: &str) {
-        let mut outage = self.outage();
+        let mut outage = lock(&self.outage);
         let since = *outage.since.get_or_insert_with(Instant::now);
         if !outage.reported && since.elapsed() >= OUTAGE_AFTER {
             outage.reported = true;
@@ -257,62 +252,70 @@ impl Cluster {
 
     /// No member answered `op` in time: the error says what to check unless the outage's warning did.
     pub(super) fn unreachable(&self, op: &'static str, last: String) -> StoreError {
-        StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: self.outage().reported }
+        StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: lock(&self.outage).reported }
     }
 
     fn answered(&self, idx: usize) {
-        let mut outage = self.outage();
+        let mut outage = lock(&self.outage);
         if outage.reported {
-            tracing::info!("etcd answers again at {}", self.urls[idx]);
+            tracing::info!("etcd answers again at {}", self.members[idx].url);
         }
         *outage = Outage::default();
     }
 
-    /// Opens a watch stream at the first member that accepts it, trying each once.
-    pub(super) async fn open_stream(&self, body: &Value) -> Result<reqwest::Response, StoreError> {
-        let n = self.urls.len();
-        let first = self.preferred.load(Ordering::Relaxed);
+    /// Opens a bidirectional stream of `path` at the first member that accepts it, trying each once, with
+    /// `first` already queued (etcd answers a stream's headers with its first reply). Returns the sender of
+    /// the stream's later requests and its replies.
+    pub(super) async fn open_stream<Q: Message, R: Message>(
+        &self,
+        path: &'static str,
+        first: Vec<Q>,
+    ) -> Result<(mpsc::UnboundedSender<Q>, Streaming<R>), StoreError> {
+        let n = self.members.len();
+        let start = self.preferred.load(Ordering::Relaxed);
         let mut last = String::from("no member tried");
         for i in 0..n {
-            let idx = (first + i) % n;
-            let deadline = Instant::now() + ATTEMPT;
-            let token = match &self.credentials {
-                Some(c) => match self.ensure_token(idx, c, deadline).await {
-                    Ok(t) => Some(t),
-                    Err(Failure::Final(e)) => return Err(e),
-                    Err(_) => continue,
-                },
-                None => None,
-            };
-            let mut request = self.streams.post(format!("{}/v3/watch", self.urls[idx])).body(body.to_string());
-            if let Some(token) = token {
-                request = request.header("authorization", token);
+            let idx = (start + i) % n;
+            let (tx, rx) = mpsc::unbounded_channel();
+            for q in &first {
+                let _ = tx.send(q.clone());
             }
-            match tokio::time::timeout(ATTEMPT, request.send()).await {
-                Ok(Ok(r)) if r.status().is_success() => return Ok(r),
-                Ok(Ok(r)) => last = format!("{}: HTTP {}", self.urls[idx], r.status()),
-                Ok(Err(e)) => match self.send_failure(idx, &e) {
+            let request = match self.request(idx, path, UnboundedReceiverStream::new(rx), ATTEMPT).await {
+                Ok(r) => r,
+                Err(Failure::Final(e)) => return Err(e),
+                Err(_) => continue,
+            };
+            let mut grpc = self.grpc(idx);
+            let open = async {
+                grpc.ready().await.map_err(|e| Status::unavailable(chain(&e)))?;
+                grpc.streaming(request, http::uri::PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
+            };
+            match tokio::time::timeout(ATTEMPT, open).await {
+                Ok(Ok(reply)) => return Ok((tx, reply.into_inner())),
+                Ok(Err(status)) => match self.classify(idx, &status) {
                     Failure::Final(e) => return Err(e),
-                    _ => last = format!("{}: {}", self.urls[idx], chain(&e)),
+                    Failure::Token => *lock(&self.token) = None,
+                    Failure::Transient(why) => last = format!("{}: {why}", self.members[idx].url),
                 },
-                Err(_) => last = format!("{}: no answer within {ATTEMPT:?}", self.urls[idx]),
+                Err(_) => {
+                    self.replace(idx);
+                    last = format!("{}: no answer within {ATTEMPT:?}", self.members[idx].url);
+                }
             }
         }
-        Err(self.unreachable("/v3/watch", last))
+        Err(self.unreachable(path, last))
     }
 }
 
-const AUTHENTICATE: &str = "/v3/auth/authenticate";
-
-/// What an error reply means: members that are electing, lost quorum or are shutting down answer
-/// 503/Unavailable, a deadline or Cancelled (try another); an expired token is authenticated again; the rest is the request's fault.
-fn classify(status: u16, reply: ErrorReply, url: impl Fn() -> String) -> Failure {
-    let message = if reply.message.is_empty() { reply.error } else { reply.message };
-    match reply.code {
-        wire::CODE_UNAVAILABLE | wire::CODE_DEADLINE | wire::CODE_CANCELLED => Failure::Transient(message),
-        wire::CODE_UNAUTHENTICATED => Failure::Token,
-        _ if matches!(status, 502..=504) => Failure::Transient(message),
-        code => Failure::Final(StoreError::Etcd { endpoint: url(), code, message }),
+/// What a gRPC status means: members that are electing, lost quorum, are shutting down or cannot be reached
+/// answer Unavailable, a deadline or Cancelled (try another); an expired token is authenticated again; the
+/// rest is the request's fault.
+fn classify(code: Code, message: &str, url: impl Fn() -> String, detail: impl Fn() -> String) -> Failure {
+    match code {
+        Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => Failure::Transient(detail()),
+        Code::Unauthenticated => Failure::Token,
+        Code::Unimplemented => Failure::Final(StoreError::NotEtcd { endpoint: url(), answer: format!("no etcd v3 gRPC service ({message})") }),
+        code => Failure::Final(StoreError::Etcd { endpoint: url(), code: code as i64, message: message.to_string() }),
     }
 }
 
@@ -336,25 +339,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn error_replies_are_classified() {
-        let reply = |code: i64, message: &str| ErrorReply { code, message: message.into(), error: String::new() };
+    fn statuses_are_classified() {
         let kind = |f: Failure| match f {
             Failure::Transient(_) => "retry",
             Failure::Token => "token",
             Failure::Final(_) => "final",
         };
         let table = [
-            (503, reply(14, "etcdserver: no leader"), "retry"),
-            (503, reply(0, "upstream"), "retry"),
-            (500, reply(1, "grpc: the client connection is closing"), "retry"),
-            (408, reply(4, "etcdserver: request timed out"), "retry"),
-            (401, reply(16, "etcdserver: invalid auth token"), "token"),
-            (404, reply(5, "etcdserver: requested lease not found"), "final"),
-            (400, reply(3, "etcdserver: authentication failed, invalid user ID or password"), "final"),
+            (Code::Unavailable, "etcdserver: no leader", "retry"),
+            (Code::Unavailable, "error trying to connect: Connection refused", "retry"),
+            (Code::Cancelled, "grpc: the client connection is closing", "retry"),
+            (Code::DeadlineExceeded, "etcdserver: request timed out", "retry"),
+            (Code::Unauthenticated, "etcdserver: invalid auth token", "token"),
+            (Code::NotFound, "etcdserver: requested lease not found", "final"),
+            (Code::InvalidArgument, "etcdserver: authentication failed, invalid user ID or password", "final"),
+            (Code::Unimplemented, "unknown service", "final"),
         ];
-        for (status, r, want) in table {
-            let text = r.message.clone();
-            assert_eq!(kind(classify(status, r, || "u".into())), want, "{status} {text}");
+        for (code, message, want) in table {
+            assert_eq!(kind(classify(code, message, || "u".into(), || message.into())), want, "{code:?} {message}");
         }
     }
 }

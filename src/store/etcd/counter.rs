@@ -5,7 +5,8 @@
 //! that never fails and returns the version. Readers see the count as the value (`get`, `multi_get`). Any
 //! other delta on it, or an add on a value set otherwise, is the compare-and-set it was.
 
-use super::wire::{self, Compare, KeyValue, TxnReply};
+use super::pb::KeyValue;
+use super::wire::{self, Compare};
 use super::EtcdStore;
 use crate::store::StoreError;
 
@@ -61,10 +62,10 @@ impl EtcdStore {
             let value = new.map(|n| n.to_string().into_bytes()).unwrap_or_else(|| MARK.to_vec());
             let put = wire::op_put(wire::put(key, &value, None));
             let read = || wire::op_range(wire::range(key, false, false));
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare], vec![put, read()], vec![read()])).await?;
-            let mut reads = reply.responses.into_iter().filter_map(|r| r.response_range);
-            let after = reads.next().and_then(|r| r.kvs.into_iter().next());
-            match (reply.succeeded, new) {
+            let reply = self.txn(&wire::txn(&[compare], vec![put, read()], vec![read()])).await?;
+            let succeeded = reply.succeeded;
+            let after = wire::ranges(reply).next().and_then(wire::first);
+            match (succeeded, new) {
                 (true, Some(n)) => return Ok(n),
                 (true, None) => {
                     let kv = after.ok_or_else(|| self.failed(format!("add on {}: the key vanished", self.name(key))))?;

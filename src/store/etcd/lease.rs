@@ -1,4 +1,5 @@
-//! This handle's session in etcd: one lease, kept alive by one POST per third of its TTL, and the session
+//! This handle's session in etcd: one lease, kept alive by one message per third of its TTL on a keepalive
+//! stream (opened again on another member when it breaks), and the session
 //! keys put on it. A keepalive answered without a TTL is etcd's only word that the lease is gone (it
 //! expired while this agent could not reach etcd): a new lease is granted and every session key put on
 //! it again, as the TCP store sets them again after a reconnect. Revoked when the handle is dropped, so
@@ -8,13 +9,21 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use serde_json::json;
+use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
+use tonic::codec::Streaming;
+use tonic::Code;
 
 use super::cluster::Cluster;
-use super::wire::{self, KeepaliveReply, LeaseReply};
+use super::pb::{self, path};
+use super::wire;
 use crate::store::StoreError;
+
+/// An open keepalive stream: where its requests go and its replies come from.
+type KeepAlives = (UnboundedSender<pb::LeaseKeepAliveRequest>, Streaming<pb::LeaseKeepAliveResponse>);
+
+const NOT_FOUND: i64 = Code::NotFound as i64;
 
 #[derive(Default)]
 struct State {
@@ -73,7 +82,8 @@ impl Session {
 
     async fn grant(&self) -> Result<i64, StoreError> {
         let ttl = self.ttl.as_secs().max(2);
-        let reply: LeaseReply = self.cluster.call("/v3/lease/grant", &json!({ "TTL": ttl.to_string() }), self.deadline()).await?;
+        let request = pb::LeaseGrantRequest { ttl: i64::try_from(ttl).unwrap_or(i64::MAX) };
+        let reply: pb::LeaseGrantResponse = self.cluster.call(path::LEASE_GRANT, &request, self.deadline()).await?;
         if reply.id == 0 {
             return Err(StoreError::Etcd { endpoint: self.cluster.named.clone(), code: 0, message: "lease grant gave no ID".into() });
         }
@@ -85,12 +95,12 @@ impl Session {
         self.state().keys.insert(key.clone(), value.to_vec());
         let mut lease = self.lease().await?;
         for _ in 0..2 {
-            match self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(&key, value, Some(lease)), self.deadline()).await {
-                Err(StoreError::Etcd { code: wire::CODE_NOT_FOUND, .. }) => lease = self.replace(lease).await?,
+            match self.cluster.call::<_, pb::PutResponse>(path::PUT, &wire::put(&key, value, Some(lease)), self.deadline()).await {
+                Err(StoreError::Etcd { code: NOT_FOUND, .. }) => lease = self.replace(lease).await?,
                 other => return other.map(drop),
             }
         }
-        Err(StoreError::Etcd { endpoint: self.cluster.named.clone(), code: wire::CODE_NOT_FOUND, message: "the lease was lost twice in a row".into() })
+        Err(StoreError::Etcd { endpoint: self.cluster.named.clone(), code: NOT_FOUND, message: "the lease was lost twice in a row".into() })
     }
 
     pub(super) fn forget(&self, key: &[u8]) {
@@ -98,11 +108,24 @@ impl Session {
     }
 
     /// One keepalive; on a lost lease, a new one with every session key on it.
-    async fn refresh(self: &Arc<Self>) -> Result<(), StoreError> {
+    /// One keepalive on `stream` (opened first when there is none): a stream that fails is dropped, and the
+    /// next keepalive opens another.
+    async fn refresh(self: &Arc<Self>, stream: &mut Option<KeepAlives>) -> Result<(), StoreError> {
         let Some(lease) = self.state().lease else { return Ok(()) };
+        let request = pb::LeaseKeepAliveRequest { id: lease };
         let deadline = Instant::now() + self.ttl / 3;
-        let reply: KeepaliveReply = self.cluster.call("/v3/lease/keepalive", &json!({ "ID": lease.to_string() }), deadline).await?;
-        if reply.result.ttl <= 0 {
+        let sent = stream.as_ref().is_some_and(|(tx, _)| tx.send(request.clone()).is_ok());
+        if !sent {
+            *stream = Some(self.cluster.open_stream(path::LEASE_KEEPALIVE, vec![request]).await?);
+        }
+        let Some((_, replies)) = stream.as_mut() else { return Ok(()) };
+        let reply = match tokio::time::timeout_at(deadline, replies.message()).await {
+            Ok(Ok(Some(reply))) => reply,
+            Ok(Ok(None)) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, "the stream ended".into()))?,
+            Ok(Err(status)) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, status.to_string()))?,
+            Err(_) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, format!("no answer within {:?}", self.ttl / 3)))?,
+        };
+        if reply.ttl <= 0 {
             self.replace(lease).await?;
         }
         Ok(())
@@ -121,7 +144,7 @@ impl Session {
         let lease = self.grant().await?;
         let keys = self.state().keys.clone();
         for (key, value) in &keys {
-            self.cluster.call::<serde_json::Value>("/v3/kv/put", &wire::put(key, value, Some(lease)), self.deadline()).await?;
+            self.cluster.call::<_, pb::PutResponse>(path::PUT, &wire::put(key, value, Some(lease)), self.deadline()).await?;
         }
         self.state().lease = Some(lease);
         tracing::warn!(
@@ -158,8 +181,8 @@ impl Session {
         let cluster = self.cluster.clone();
         runtime.spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(2);
-            let body = json!({ "ID": lease.to_string() });
-            if let Err(e) = cluster.call::<serde_json::Value>("/v3/lease/revoke", &body, deadline).await {
+            let body = pb::LeaseRevokeRequest { id: lease };
+            if let Err(e) = cluster.call::<_, pb::LeaseRevokeResponse>(path::LEASE_REVOKE, &body, deadline).await {
                 tracing::debug!("revoking the etcd lease: {e}");
             }
         });
@@ -169,11 +192,13 @@ impl Session {
 /// Keeps the lease alive until the session is gone. Failures are the cluster's to report (an outage is
 /// said once there); a lease that expired meanwhile is replaced by `refresh`.
 async fn keep_alive(session: std::sync::Weak<Session>) {
+    let mut stream = None;
     loop {
         let Some(every) = session.upgrade().map(|s| s.ttl / 3) else { return };
         tokio::time::sleep(every).await;
         let Some(s) = session.upgrade() else { return };
-        if let Err(e) = s.refresh().await {
+        if let Err(e) = s.refresh(&mut stream).await {
+            stream = None;
             tracing::debug!("etcd lease keepalive: {e}");
         }
     }

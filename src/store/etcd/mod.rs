@@ -1,14 +1,16 @@
-//! The [`Store`] trait on etcd v3, through its JSON gateway (`/v3/kv/*`, `/v3/lease/*`, `/v3/watch`), so a
-//! job's rendezvous outlives any one machine: the members fail over, writes are transactions, session keys
-//! live on a lease this handle keeps alive, watches resume from their revision.
+//! The [`Store`] trait on etcd v3's gRPC API, so a job's rendezvous outlives any one machine: one HTTP/2
+//! connection per member carries every request and stream of the handle, the members fail over, writes are
+//! transactions, session keys live on a lease this handle keeps alive, watches resume from their revision.
 //!
 //! Every key is put under the namespace (`etcd_prefix`, default `/`), so the rendezvous' keys for run `R`
 //! are `/muster/R/…`. Compare-and-set and counters are transactions compared on the key's revision.
 
 mod cluster;
+mod connect;
 mod counter;
 mod lease;
 pub mod local;
+mod pb;
 mod tls;
 mod watch;
 pub mod wire;
@@ -22,17 +24,19 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{json, Value};
 use tokio::sync::mpsc;
 use tokio::time::{timeout_at, Instant};
+use tonic::Code;
 
 pub use cluster::Credentials;
 pub use tls::TlsFiles;
 
 use self::cluster::Cluster;
 use self::lease::Session;
-use self::watch::{Namer, Target};
-use self::wire::{Compare, DeleteReply, RangeReply, StatusReply, TxnReply};
+use self::cluster::Message;
+use self::pb::path;
+use self::watch::{Namer, Target, Watches};
+use self::wire::Compare;
 use super::{Reach, Store, StoreError, WatchEvent, WatchEventKind, WatchTarget};
 
 /// How to reach etcd and what this handle's session is.
@@ -57,6 +61,7 @@ const MAX_TXN_OPS: usize = 128;
 pub struct EtcdStore {
     cluster: Arc<Cluster>,
     session: Arc<Session>,
+    watches: Watches,
     namespace: Arc<str>,
     timeout: Duration,
     version: String,
@@ -69,7 +74,7 @@ impl EtcdStore {
     /// Reaches a member within `connect_timeout` (else [`StoreError::Unreachable`]) and checks it is etcd.
     pub async fn connect(opts: &EtcdOptions, connect_timeout: Duration) -> Result<EtcdStore, StoreError> {
         let cluster = Arc::new(Cluster::new(&opts.endpoints, opts.tls.as_ref(), opts.credentials.clone()).await?);
-        let status: StatusReply = cluster.call("/v3/maintenance/status", &json!({}), Instant::now() + connect_timeout).await?;
+        let status: pb::StatusResponse = cluster.call(path::STATUS, &pb::StatusRequest {}, Instant::now() + connect_timeout).await?;
         if status.version.is_empty() {
             return Err(StoreError::NotEtcd {
                 endpoint: cluster.named.clone(),
@@ -80,6 +85,7 @@ impl EtcdStore {
         readable(&cluster, opts, Instant::now() + connect_timeout).await?;
         Ok(EtcdStore {
             session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
+            watches: Watches::start(cluster.clone(), Namer(opts.namespace.as_str().into())),
             cluster,
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
@@ -110,13 +116,17 @@ impl EtcdStore {
         String::from_utf8_lossy(key.strip_prefix(self.namespace.as_bytes()).unwrap_or(key)).into_owned()
     }
 
-    async fn call<T: serde::de::DeserializeOwned>(&self, path: &'static str, body: &Value) -> Result<T, StoreError> {
+    async fn call<Q: Message, R: Message>(&self, path: &'static str, body: &Q) -> Result<R, StoreError> {
         self.cluster.call(path, body, Instant::now() + self.timeout).await
     }
 
-    async fn range(&self, key: &[u8]) -> Result<Option<wire::KeyValue>, StoreError> {
-        let reply: RangeReply = self.call("/v3/kv/range", &wire::range(key, false, false)).await?;
-        Ok(reply.kvs.into_iter().next())
+    async fn txn(&self, body: &pb::TxnRequest) -> Result<pb::TxnResponse, StoreError> {
+        self.call(path::TXN, body).await
+    }
+
+    async fn range(&self, key: &[u8]) -> Result<Option<pb::KeyValue>, StoreError> {
+        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(key, false, false)).await?;
+        Ok(wire::first(reply))
     }
 
     fn failed(&self, message: String) -> StoreError {
@@ -129,11 +139,13 @@ impl EtcdStore {
 /// start rather than on the rendezvous' first request.
 async fn readable(cluster: &Cluster, opts: &EtcdOptions, deadline: Instant) -> Result<(), StoreError> {
     let body = wire::range(opts.namespace.as_bytes(), true, true);
-    let why = match cluster.call::<RangeReply>("/v3/kv/range", &body, deadline).await {
-        Err(StoreError::Etcd { code: wire::CODE_INVALID_ARGUMENT, message, .. }) if opts.credentials.is_none() => {
+    const INVALID_ARGUMENT: i64 = Code::InvalidArgument as i64;
+    const PERMISSION_DENIED: i64 = Code::PermissionDenied as i64;
+    let why = match cluster.call::<_, pb::RangeResponse>(path::RANGE, &body, deadline).await {
+        Err(StoreError::Etcd { code: INVALID_ARGUMENT, message, .. }) if opts.credentials.is_none() => {
             format!("it has auth on and needs a user ({message})")
         }
-        Err(StoreError::Etcd { code: wire::CODE_PERMISSION_DENIED, message, .. }) => {
+        Err(StoreError::Etcd { code: PERMISSION_DENIED, message, .. }) => {
             format!("the user may not read {} ({message}); grant it a role with read and write there", opts.namespace)
         }
         other => return other.map(drop),
@@ -150,7 +162,7 @@ impl Drop for EtcdStore {
 
 impl Store for EtcdStore {
     async fn set(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
-        self.call::<Value>("/v3/kv/put", &wire::put(&self.full(key), value, None)).await.map(drop)
+        self.call::<_, pb::PutResponse>(path::PUT, &wire::put(&self.full(key), value, None)).await.map(drop)
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
@@ -170,11 +182,11 @@ impl Store for EtcdStore {
         loop {
             let put = wire::op_put(wire::put(&key, desired, None));
             let read = wire::op_range(wire::range(&key, false, false));
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[compare.clone()], vec![put], vec![read])).await?;
+            let reply = self.txn(&wire::txn(&[compare.clone()], vec![put], vec![read])).await?;
             if reply.succeeded {
                 return Ok(desired.to_vec());
             }
-            let current = reply.responses.into_iter().next().and_then(|r| r.response_range).and_then(|r| r.kvs.into_iter().next());
+            let current = wire::ranges(reply).next().and_then(wire::first);
             match current {
                 Some(kv) if expected.is_empty() && kv.value.is_empty() && compare != Compare::ModRevision(&key, kv.mod_revision) => {
                     compare = Compare::ModRevision(&key, kv.mod_revision);
@@ -185,10 +197,11 @@ impl Store for EtcdStore {
         }
     }
 
+    /// One read (the watch's own, which gives its start) and a watcher on the handle's stream.
     async fn wait(&self, key: &str, timeout: Duration) -> Result<bool, StoreError> {
         let deadline = Instant::now() + timeout;
-        let mut events = self.watch(&[WatchTarget::Key(key.to_string())]).await?;
-        if self.get(key).await?.is_some() {
+        let (mut events, present) = self.follow(&[WatchTarget::Key(key.to_string())]).await?;
+        if present {
             return Ok(true);
         }
         #[cfg(test)]
@@ -210,7 +223,7 @@ impl Store for EtcdStore {
     async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
         for chunk in pairs.chunks(MAX_TXN_OPS) {
             let puts = chunk.iter().map(|(k, v)| wire::op_put(wire::put(&self.full(k), v, None))).collect();
-            self.call::<TxnReply>("/v3/kv/txn", &wire::txn(&[], puts, vec![])).await?;
+            self.txn(&wire::txn(&[], puts, vec![])).await?;
         }
         Ok(())
     }
@@ -219,42 +232,41 @@ impl Store for EtcdStore {
         let mut values = Vec::with_capacity(keys.len());
         for chunk in keys.chunks(MAX_TXN_OPS) {
             let ranges = chunk.iter().map(|k| wire::op_range(wire::range(&self.full(k), false, false))).collect();
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[], ranges, vec![])).await?;
-            let found = reply.responses.into_iter().filter_map(|r| r.response_range.and_then(|r| r.kvs.into_iter().next()));
+            let reply = self.txn(&wire::txn(&[], ranges, vec![])).await?;
+            let found = wire::ranges(reply).filter_map(wire::first);
             values.extend(found.map(counter::visible).filter(|v| !v.is_empty()));
         }
         Ok(values)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
-        let reply: RangeReply = self.call("/v3/kv/range", &wire::range(&self.full(prefix), true, true)).await?;
+        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(&self.full(prefix), true, true)).await?;
         Ok(reply.kvs.iter().map(|kv| self.name(&kv.key)).collect())
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         let key = self.full(key);
         self.session.forget(&key);
-        let reply: DeleteReply = self.call("/v3/kv/deleterange", &wire::delete(&key)).await?;
+        let reply: pb::DeleteRangeResponse = self.call(path::DELETE_RANGE, &wire::delete(&key)).await?;
         Ok(reply.deleted > 0)
     }
 
-    /// On the session's lease; an HTTP reply is etcd's acknowledgement. A member that does not answer in
+    /// On the session's lease; etcd's reply is its acknowledgement. A member that does not answer in
     /// time is not asked first next time (it may be a leader dying mid-request).
     async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
         let deadline = Instant::now() + timeout;
         let lease = tokio::time::timeout_at(deadline, self.session.lease()).await.map_err(|_| {
             let last = format!("no lease within {timeout:?}");
-            self.cluster.unreachable("/v3/lease/grant", last)
+            self.cluster.unreachable(path::LEASE_GRANT, last)
         })??;
         let body = wire::put(&self.full(key), value, Some(lease));
-        self.cluster.call::<Value>("/v3/kv/put", &body, deadline).await.map(drop)
+        self.cluster.call::<_, pb::PutResponse>(path::PUT, &body, deadline).await.map(drop)
     }
 
     /// A serializable read: any live member answers it from its own state, without a quorum round.
     async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
-        let mut body = wire::range(&self.full(key), false, true);
-        body["serializable"] = serde_json::json!(true);
-        self.cluster.call::<Value>("/v3/kv/range", &body, Instant::now() + timeout).await.map(drop)
+        let body = pb::RangeRequest { serializable: true, ..wire::range(&self.full(key), false, true) };
+        self.cluster.call::<_, pb::RangeResponse>(path::RANGE, &body, Instant::now() + timeout).await.map(drop)
     }
 
     async fn reach(&self, timeout: Duration) -> Reach {
@@ -265,12 +277,18 @@ impl Store for EtcdStore {
         self.session.put(self.full(key), value).await
     }
 
-    /// One read of every target (one transaction) gives the revision the streams start after, so every
-    /// write after this call returns is delivered.
     async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
+        Ok(self.follow(targets).await?.0)
+    }
+}
+
+impl EtcdStore {
+    /// One read of every target (one transaction per [`MAX_TXN_OPS`]) gives the revision the watchers start
+    /// after, so every write after this call returns is delivered; also whether any target had a key then.
+    async fn follow(&self, targets: &[WatchTarget]) -> Result<(mpsc::UnboundedReceiver<WatchEvent>, bool), StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
         if targets.is_empty() {
-            return Ok(rx);
+            return Ok((rx, false));
         }
         let wanted: Vec<Target> = targets
             .iter()
@@ -282,14 +300,16 @@ impl Store for EtcdStore {
         let mut started = Vec::new();
         for chunk in wanted.chunks(MAX_TXN_OPS) {
             let reads = chunk.iter().map(|t| wire::op_range(wire::range(&t.key, t.prefix, true))).collect();
-            let reply: TxnReply = self.call("/v3/kv/txn", &wire::txn(&[], reads, vec![])).await?;
+            let reply = self.txn(&wire::txn(&[], reads, vec![])).await?;
+            let next = wire::revision(reply.header.as_ref()) + 1;
             let mut chunk = chunk.to_vec();
-            for (target, read) in chunk.iter_mut().zip(reply.responses) {
-                target.known = read.response_range.map(|r| r.kvs.into_iter().map(|kv| kv.key).collect()).unwrap_or_default();
+            for (target, read) in chunk.iter_mut().zip(wire::ranges(reply)) {
+                target.known = read.kvs.into_iter().map(|kv| kv.key).collect();
             }
-            started.push((chunk, reply.header.revision + 1));
+            started.extend(chunk.into_iter().map(|t| (t, next)));
         }
-        watch::spawn(self.cluster.clone(), started, Namer(self.namespace.clone()), tx);
-        Ok(rx)
+        let present = started.iter().any(|(t, _)| !t.known.is_empty());
+        self.watches.add(started, tx);
+        Ok((rx, present))
     }
 }

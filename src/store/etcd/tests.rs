@@ -151,8 +151,8 @@ async fn a_lost_lease_is_replaced_once_with_every_session_key_on_it() {
         })
     };
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    let revoke = serde_json::json!({ "ID": first.to_string() });
-    member.cluster.call::<serde_json::Value>("/v3/lease/revoke", &revoke, deadline).await.unwrap();
+    let revoke = super::pb::LeaseRevokeRequest { id: first };
+    member.cluster.call::<_, super::pb::LeaseRevokeResponse>(super::pb::path::LEASE_REVOKE, &revoke, deadline).await.unwrap();
     for kind in [WatchEventKind::Deleted, WatchEventKind::Written] {
         let e = tokio::time::timeout(Duration::from_secs(15), events.recv()).await.unwrap().unwrap();
         assert_eq!((e.kind, e.key.as_str()), (kind, "alive/x"));
@@ -163,7 +163,7 @@ async fn a_lost_lease_is_replaced_once_with_every_session_key_on_it() {
     assert_ne!(kept, first, "a new lease");
     for key in ["alive/x", "alive/y"] {
         let range = super::wire::range(&observer.full(key), false, false);
-        let reply: serde_json::Value = observer.cluster.call("/v3/kv/range", &range, deadline).await.unwrap();
-        assert_eq!(reply["kvs"][0]["lease"].as_str(), Some(kept.to_string().as_str()), "{key} is on the lease kept alive");
+        let reply: super::pb::RangeResponse = observer.cluster.call(super::pb::path::RANGE, &range, deadline).await.unwrap();
+        assert_eq!(reply.kvs.first().map(|kv| kv.lease), Some(kept), "{key} is on the lease kept alive");
     }
 }

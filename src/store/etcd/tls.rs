@@ -44,7 +44,7 @@ pub(super) async fn client_config(files: &TlsFiles) -> Result<rustls::ClientConf
         .with_safe_default_protocol_versions()
         .map_err(|e| bad(format!("TLS set-up: {e}")))?
         .with_root_certificates(roots);
-    let Some((cert, key)) = &files.client else { return Ok(builder.with_no_client_auth()) };
+    let Some((cert, key)) = &files.client else { return Ok(with_h2(builder.with_no_client_auth())) };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert, "cert").await?)
         .collect::<Result<_, _>>()
         .map_err(|e| bad(format!("--rdzv-conf cert={} is not a PEM certificate: {e}", cert.display())))?;
@@ -55,11 +55,18 @@ pub(super) async fn client_config(files: &TlsFiles) -> Result<rustls::ClientConf
         .map_err(|e| bad(format!("--rdzv-conf key={} is not a PEM private key: {e}", key.display())))?;
     builder
         .with_client_auth_cert(chain, private)
+        .map(with_h2)
         .map_err(|e| bad(format!("--rdzv-conf cert={} and key={} do not go together: {e}", cert.display(), key.display())))
 }
 
+/// gRPC is HTTP/2, which TLS negotiates by ALPN.
+fn with_h2(mut config: rustls::ClientConfig) -> rustls::ClientConfig {
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    config
+}
+
 /// Why a TLS handshake was refused, naming the setting to fix; None when the failure was not TLS.
-pub(super) fn refusal(e: &reqwest::Error) -> Option<String> {
+pub(super) fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let err = rustls_error(e)?;
     Some(match err {
         rustls::Error::InvalidCertificate(CertificateError::UnknownIssuer | CertificateError::BadSignature) => {
@@ -76,7 +83,7 @@ pub(super) fn refusal(e: &reqwest::Error) -> Option<String> {
     })
 }
 
-/// The rustls error under a request's error, if there is one (hyper wraps it in an `io::Error`).
+/// The rustls error under a call's error, if there is one (the connector wraps it in an `io::Error`).
 fn rustls_error<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = next {

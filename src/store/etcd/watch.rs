@@ -1,169 +1,260 @@
-//! Watches over the gateway: one streamed POST per target (the gateway carries one watch per request), all
-//! feeding one channel. A stream that breaks (its member died) is opened again at another member from the
-//! revision after the last event seen, so nothing is missed or repeated; one whose start revision was
-//! compacted away is caught up from a fresh read of the target (keys gone since are reported deleted,
-//! keys present as written). When no member accepts a stream, every stream of the watch ends and the
-//! channel closes: the store is lost, as the `Store` trait says.
+//! This handle's watches: one gRPC watch stream per handle, as etcd's own clients keep, carrying every
+//! watch of every caller (a watcher each per key or prefix, named by an id this side picks). A caller's
+//! channel closing cancels its watchers; a stream that breaks is opened again at another member with each
+//! watcher resumed after the last revision it delivered, so no write is missed or delivered twice; a
+//! watcher whose revision was compacted away re-reads its key or prefix and reports what changed. When no
+//! member takes the stream back, every caller's channel closes: the store is lost.
 
-use std::collections::HashSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
 
-use tokio::sync::mpsc::UnboundedSender;
-use tokio::task::AbortHandle;
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
+use tonic::codec::Streaming;
 
-use super::cluster::{chain, Cluster};
-use super::wire::{self, EventKind, RangeReply, WatchMessage};
-use crate::store::{WatchEvent, WatchEventKind};
+use super::cluster::Cluster;
+use super::pb::{self, path, WatchRequest, WatchResponse};
+use super::wire;
+use crate::store::{StoreError, WatchEvent, WatchEventKind};
 
-/// One watched key, or every key under it.
+/// One key or prefix to follow, and the keys under it known to exist at the revision it starts after.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
     pub key: Vec<u8>,
     pub prefix: bool,
-    /// The keys of the target that exist at the watch's start revision.
     pub known: HashSet<Vec<u8>>,
 }
 
-/// Names events as the `Store` user knows its keys: without the namespace.
+/// Turns etcd's keys into the caller's (the namespace taken off).
 #[derive(Clone)]
 pub(super) struct Namer(pub Arc<str>);
 
 impl Namer {
-    fn event(&self, kind: EventKind, key: &[u8]) -> WatchEvent {
+    fn event(&self, deleted: bool, key: &[u8]) -> WatchEvent {
         let key = key.strip_prefix(self.0.as_bytes()).unwrap_or(key);
-        let kind = match kind {
-            EventKind::Put => WatchEventKind::Written,
-            EventKind::Delete => WatchEventKind::Deleted,
-        };
+        let kind = if deleted { WatchEventKind::Deleted } else { WatchEventKind::Written };
         WatchEvent { kind, key: String::from_utf8_lossy(key).into_owned() }
     }
 }
 
-/// Starts following every target, each from its start revision (the one after the read that found its keys).
-pub(super) fn spawn(cluster: Arc<Cluster>, targets: Vec<(Vec<Target>, i64)>, namer: Namer, tx: UnboundedSender<WatchEvent>) {
-    let siblings: Arc<Mutex<Vec<AbortHandle>>> = Arc::default();
-    let mut handles = Vec::new();
-    for (target, start) in targets.into_iter().flat_map(|(chunk, start)| chunk.into_iter().map(move |t| (t, start))) {
-        let follower = Follower { cluster: cluster.clone(), target, next: start, namer: namer.clone(), tx: tx.clone() };
-        let siblings = siblings.clone();
-        let task = tokio::spawn(async move {
-            follower.run().await;
-            // This target can no longer be followed: end the whole watch, so its channel closes.
-            for sibling in siblings.lock().unwrap_or_else(PoisonError::into_inner).iter() {
-                sibling.abort();
-            }
-        });
-        handles.push(task.abort_handle());
-    }
-    siblings.lock().unwrap_or_else(PoisonError::into_inner).extend(handles);
-}
-
-struct Follower {
-    cluster: Arc<Cluster>,
-    target: Target,
-    /// The first revision not yet delivered.
-    next: i64,
-    namer: Namer,
+/// Targets to follow from their revisions, with the channel their events go to.
+struct Add {
+    targets: Vec<(Target, i64)>,
     tx: UnboundedSender<WatchEvent>,
 }
 
-enum End {
-    /// The receiver was dropped: the watch is over.
-    Dropped,
-    Compacted,
-    Broken(String),
+/// The handle's side of its watch stream; dropping it ends the stream.
+pub(super) struct Watches {
+    adds: UnboundedSender<Add>,
 }
 
-impl Follower {
-    async fn run(mut self) {
+impl Watches {
+    pub(super) fn start(cluster: Arc<Cluster>, namer: Namer) -> Watches {
+        let (adds, rx) = mpsc::unbounded_channel();
+        tokio::spawn(Hub::new(cluster, namer).run(rx));
+        Watches { adds }
+    }
+
+    /// Follows `targets`, each from its revision, into `tx`.
+    pub(super) fn add(&self, targets: Vec<(Target, i64)>, tx: UnboundedSender<WatchEvent>) {
+        // A hub that ended drops `tx` with the message: the caller's channel closes, as for a lost store.
+        let _ = self.adds.send(Add { targets, tx });
+    }
+}
+
+struct Watcher {
+    caller: u64,
+    target: Target,
+    /// The revision to resume from: one past the last event delivered.
+    next: i64,
+    #[cfg(test)]
+    created: Option<super::testing::Gauge>,
+}
+
+struct Caller {
+    tx: UnboundedSender<WatchEvent>,
+    ids: Vec<i64>,
+    /// The task that says when the caller dropped its channel.
+    closing: AbortHandle,
+}
+
+type Stream = (UnboundedSender<WatchRequest>, Streaming<WatchResponse>);
+
+struct Hub {
+    cluster: Arc<Cluster>,
+    namer: Namer,
+    stream: Option<Stream>,
+    watchers: HashMap<i64, Watcher>,
+    callers: HashMap<u64, Caller>,
+    closing: JoinSet<u64>,
+    next_id: i64,
+    next_caller: u64,
+}
+
+impl Hub {
+    fn new(cluster: Arc<Cluster>, namer: Namer) -> Hub {
+        Hub {
+            cluster,
+            namer,
+            stream: None,
+            watchers: HashMap::new(),
+            callers: HashMap::new(),
+            closing: JoinSet::new(),
+            next_id: 1,
+            next_caller: 1,
+        }
+    }
+
+    async fn run(mut self, mut adds: UnboundedReceiver<Add>) {
         loop {
-            let body = wire::watch_create(&self.target.key, self.target.prefix, self.next);
-            let response = match self.cluster.open_stream(&body).await {
-                Ok(r) => r,
-                Err(e) => {
-                    tracing::debug!("etcd watch: {e}");
-                    return;
-                }
-            };
-            match self.read(response).await {
-                End::Dropped => return,
-                End::Compacted => {
-                    if let Err(e) = self.catch_up().await {
-                        tracing::debug!("etcd watch could not catch up after a compaction: {e}");
-                        return;
-                    }
-                }
-                End::Broken(why) => tracing::debug!("etcd watch stream broke ({why}); opening it again at {}", self.next),
+            tokio::select! {
+                add = adds.recv() => match add {
+                    Some(add) => self.add(add).await,
+                    None => return,
+                },
+                reply = next_reply(&mut self.stream) => match reply {
+                    Ok(Some(reply)) => self.on_reply(reply).await,
+                    Ok(None) => self.reopen("the stream ended").await,
+                    Err(status) => self.reopen(&status.to_string()).await,
+                },
+                Some(Ok(caller)) = self.closing.join_next(), if !self.closing.is_empty() => self.cancel(caller),
             }
         }
     }
 
-    /// Delivers the stream's events until it ends.
-    async fn read(&mut self, mut response: reqwest::Response) -> End {
-        let mut buffer: Vec<u8> = Vec::new();
-        // Counts this stream among the cluster's open ones from etcd's "created" to the stream's end.
+    async fn add(&mut self, add: Add) {
+        let caller = self.next_caller;
+        self.next_caller += 1;
+        let mut creates = Vec::new();
+        let mut ids = Vec::new();
+        for (target, next) in add.targets {
+            let id = self.next_id;
+            self.next_id += 1;
+            creates.push(wire::watch_create(&target.key, target.prefix, next, id));
+            ids.push(id);
+            #[cfg(test)]
+            let target = Watcher { caller, target, next, created: None };
+            #[cfg(not(test))]
+            let target = Watcher { caller, target, next };
+            self.watchers.insert(id, target);
+        }
+        let tx = add.tx.clone();
+        let closing = self.closing.spawn(async move {
+            tx.closed().await;
+            caller
+        });
+        self.callers.insert(caller, Caller { tx: add.tx, ids, closing });
+        let sent = self.stream.as_ref().is_some_and(|(tx, _)| creates.into_iter().all(|c| tx.send(c).is_ok()));
+        if !sent {
+            self.reopen("not open").await;
+        }
+    }
+
+    /// Opens the stream (again) with every watcher created from where it left off; when no member takes
+    /// it, every caller's channel closes.
+    async fn reopen(&mut self, why: &str) {
+        self.stream = None;
+        if self.watchers.is_empty() {
+            return;
+        }
+        tracing::debug!("etcd watch stream ({why}): opening it with {} watcher(s)", self.watchers.len());
+        let creates = self.watchers.iter_mut().map(|(&id, w)| {
+            #[cfg(test)]
+            w.created.take();
+            wire::watch_create(&w.target.key, w.target.prefix, w.next, id)
+        });
+        match self.cluster.open_stream(path::WATCH, creates.collect()).await {
+            Ok(stream) => self.stream = Some(stream),
+            Err(e) => {
+                tracing::debug!("etcd watch: {e}");
+                for (_, caller) in self.callers.drain() {
+                    caller.closing.abort();
+                }
+                self.watchers.clear();
+            }
+        }
+    }
+
+    async fn on_reply(&mut self, reply: WatchResponse) {
+        let id = reply.watch_id;
+        let Some(watcher) = self.watchers.get_mut(&id) else { return };
         #[cfg(test)]
-        let mut created = None;
-        loop {
-            let chunk = tokio::select! {
-                chunk = response.chunk() => chunk,
-                () = self.tx.closed() => return End::Dropped,
-            };
-            let bytes = match chunk {
-                Ok(Some(bytes)) => bytes,
-                Ok(None) => return End::Broken("the stream ended".into()),
-                Err(e) => return End::Broken(chain(&e)),
-            };
-            buffer.extend_from_slice(&bytes);
-            while let Some(at) = buffer.iter().position(|b| *b == b'\n') {
-                let line: Vec<u8> = buffer.drain(..=at).collect();
-                if line.iter().all(u8::is_ascii_whitespace) {
-                    continue;
-                }
-                match wire::parse_watch_line(&line) {
-                    Ok(WatchMessage::Created) => {
-                        #[cfg(test)]
-                        created.get_or_insert_with(|| super::testing::Gauge::enter(&self.cluster.watching));
-                    }
-                    Ok(WatchMessage::Events { events, .. }) => {
-                        for e in events {
-                            self.next = self.next.max(e.mod_revision + 1);
-                            match e.kind {
-                                EventKind::Put => self.target.known.insert(e.key.clone()),
-                                EventKind::Delete => self.target.known.remove(&e.key),
-                            };
-                            if self.tx.send(self.namer.event(e.kind, &e.key)).is_err() {
-                                return End::Dropped;
-                            }
-                        }
-                    }
-                    Ok(WatchMessage::Compacted { compact_revision }) => {
-                        tracing::debug!("etcd compacted revision {} of a watch (now at {compact_revision})", self.next);
-                        return End::Compacted;
-                    }
-                    Ok(WatchMessage::Ended(why)) => return End::Broken(why),
-                    Err(e) => return End::Broken(format!("an unreadable watch line: {e}")),
-                }
+        if reply.created && !reply.canceled {
+            watcher.created.get_or_insert_with(|| super::testing::Gauge::enter(&self.cluster.watching));
+        }
+        let mut gone = false;
+        if let Some(caller) = self.callers.get(&watcher.caller) {
+            for e in &reply.events {
+                let Some(kv) = &e.kv else { continue };
+                watcher.next = watcher.next.max(kv.mod_revision + 1);
+                let deleted = e.r#type == pb::EVENT_DELETE;
+                match deleted {
+                    true => watcher.target.known.remove(&kv.key),
+                    false => watcher.target.known.insert(kv.key.clone()),
+                };
+                gone |= caller.tx.send(self.namer.event(deleted, &kv.key)).is_err();
             }
+        }
+        let caller = watcher.caller;
+        if gone {
+            self.cancel(caller);
+        } else if reply.canceled && reply.compact_revision > 0 {
+            tracing::debug!("etcd compacted revision {} of a watch (now at {})", watcher.next, reply.compact_revision);
+            self.catch_up(id).await;
+        } else if reply.canceled {
+            // Its caller's channel closes: the store is lost to it.
+            tracing::debug!("etcd cancelled a watch: {}", reply.cancel_reason);
+            self.cancel(caller);
         }
     }
 
-    /// After a compaction: what changed since is unknown, so every key now present counts as written and
-    /// every key known before and gone now as deleted; the stream resumes after that read.
-    async fn catch_up(&mut self) -> Result<(), crate::store::StoreError> {
-        let body = wire::range(&self.target.key, self.target.prefix, true);
-        let deadline = Instant::now() + std::time::Duration::from_secs(10);
-        let now: RangeReply = self.cluster.call("/v3/kv/range", &body, deadline).await?;
+    /// A watcher whose revision was compacted: its key or prefix read again, what changed reported, and the
+    /// watcher created again after the read.
+    async fn catch_up(&mut self, id: i64) {
+        let Some(w) = self.watchers.get(&id) else { return };
+        let (key, prefix, caller) = (w.target.key.clone(), w.target.prefix, w.caller);
+        let read = wire::range(&key, prefix, true);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let now: Result<pb::RangeResponse, StoreError> = self.cluster.call(path::RANGE, &read, deadline).await;
+        let (Ok(now), Some(w), Some(c)) = (now, self.watchers.get_mut(&id), self.callers.get(&caller)) else {
+            self.cancel(caller);
+            return;
+        };
+        let revision = wire::revision(now.header.as_ref());
         let present: HashSet<Vec<u8>> = now.kvs.into_iter().map(|kv| kv.key).collect();
-        for gone in self.target.known.difference(&present) {
-            let _ = self.tx.send(self.namer.event(EventKind::Delete, gone));
+        for gone in w.target.known.difference(&present) {
+            let _ = c.tx.send(self.namer.event(true, gone));
         }
         for key in &present {
-            let _ = self.tx.send(self.namer.event(EventKind::Put, key));
+            let _ = c.tx.send(self.namer.event(false, key));
         }
-        self.target.known = present;
-        self.next = now.header.revision + 1;
-        Ok(())
+        w.target.known = present;
+        w.next = revision + 1;
+        let create = wire::watch_create(&key, prefix, w.next, id);
+        if !self.stream.as_ref().is_some_and(|(tx, _)| tx.send(create).is_ok()) {
+            self.reopen("broken while catching up").await;
+        }
+    }
+
+    /// The caller dropped its channel, or etcd ended one of its watchers: its watchers are cancelled and its
+    /// channel closes.
+    fn cancel(&mut self, caller: u64) {
+        let Some(c) = self.callers.remove(&caller) else { return };
+        c.closing.abort();
+        for id in c.ids {
+            self.watchers.remove(&id);
+            if let Some((tx, _)) = &self.stream {
+                let _ = tx.send(wire::watch_cancel(id));
+            }
+        }
+    }
+}
+
+async fn next_reply(stream: &mut Option<Stream>) -> Result<Option<WatchResponse>, tonic::Status> {
+    match stream {
+        Some((_, replies)) => replies.message().await,
+        None => std::future::pending().await,
     }
 }
