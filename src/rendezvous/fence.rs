@@ -3,13 +3,14 @@
 //!
 //! The others evict this node once its heartbeat has not changed for `keep_alive_max_attempt` checks, one
 //! per `keep_alive_interval`: never sooner than the window `W = interval × max_attempt` after its last beat
-//! reached the store. This node knows when it sent each acknowledged round trip (a beat, or a ping between
-//! two beats), so it can act before that: with no acknowledgement for `W − margin` (`margin = min(interval,
+//! reached the store. This node knows when it sent each acknowledged round trip (a beat; a ping between two
+//! beats only while its link is broken, so a sound link costs one request per interval), so it can act
+//! before that: with no acknowledgement for `W − margin` (`margin = min(interval,
 //! W/2)`) and no network path to the store's host, it is cut off and stops its workers while the others
 //! still count it in (the renew-deadline < lease-duration rule). The old group's workers are gone before
 //! the new group's start. Only a beat renews the membership (the others compare beats), so the fence runs
-//! from the last acknowledged beat; the give-up runs from the last acknowledged round trip of any kind, so
-//! that nodes cut together end together, whatever the phase of their beats.
+//! from the last acknowledged beat, and so does the give-up: nodes cut together end within one interval of
+//! each other (the phases of their beats).
 //!
 //! A store that stops answering while its host still completes TCP handshakes is stopped, overloaded or
 //! electing: nobody can evict anybody through it, so nothing is fenced, and once it answers again every
@@ -39,8 +40,10 @@ pub struct Timing {
     pub fence_after: Duration,
     /// Between fencing and the earliest eviction: the fenced stop, the look for a path, and clock slack.
     pub margin: Duration,
-    /// The heartbeat task's period.
+    /// The heartbeat task's period while the link is broken (and how soon a waiter looks again).
     pub probe_every: Duration,
+    /// Between two beats of a sound link: `keep_alive_interval`.
+    pub beat_every: Duration,
     /// One round trip's bound: past it the connection is given up and the next one made afresh.
     pub request_bound: Duration,
     /// The bound of one look for a path to the store's host.
@@ -56,9 +59,15 @@ impl Timing {
             fence_after: window - margin,
             margin,
             probe_every: s.keep_alive_interval.min(PROBE_EVERY),
+            beat_every: s.keep_alive_interval,
             request_bound: s.heartbeat_timeout.min(window / 3),
             reach_bound: (margin / 3).min(REACH_MAX),
         }
+    }
+
+    /// The longest a sound link goes without an acknowledged round trip: a beat's period and its bound.
+    pub fn quiet_max(&self) -> Duration {
+        self.beat_every + self.request_bound
     }
 
     /// The grace of the fenced stop: SIGTERM, then SIGKILL, all within the margin that is left.
@@ -106,7 +115,7 @@ impl Link {
     /// Whether this node has evidence that a peer is gone: its own round trips were acknowledged throughout
     /// the last window and are still. A node whose own requests failed knows the store was the problem.
     pub(super) fn may_evict(&self, now: Instant, t: &Timing) -> bool {
-        !self.broken && self.unbroken_since + t.window <= now && now.saturating_duration_since(self.acked) <= t.probe_every + t.request_bound
+        !self.broken && self.unbroken_since + t.window <= now && now.saturating_duration_since(self.acked) <= t.quiet_max()
     }
 
     /// When a peer that looked lost while this node's link was broken may be judged.
@@ -120,7 +129,7 @@ impl Link {
     }
 
     /// Where a node that fenced counts its give-up from: the fence time as the last round trip of any
-    /// kind would put it (at most `probe_every` after the cut, the same on every node cut with it).
+    /// kind would put it (at most one beat's period after the cut).
     pub(super) fn fenced_from(&self, t: &Timing) -> Instant {
         self.acked + t.fence_after
     }

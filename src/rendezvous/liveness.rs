@@ -54,9 +54,10 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// Watches what can end this round, at O(1) per node: the round counter, `closed`, the waiting list, and
-    /// the liveness of the next two members in rank order (a ring: each member is watched by two others, and
-    /// whoever sees a death opens the next round, which every member sees). Then re-reads them, so a change
-    /// between the seal and the watch is not missed.
+    /// the liveness keys and heartbeats of the next two members in rank order (a ring: each member is watched
+    /// by two others, and whoever sees a death opens the next round, which every member sees). Then re-reads
+    /// them, so a change between the seal and the watch is not missed. A heartbeat is heard as its watch
+    /// event: checking the neighbours costs the store no request.
     pub(super) async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
         let neighbours = &info.neighbours;
         let mut targets = vec![
@@ -65,8 +66,10 @@ impl<S: Store> Rendezvous<S> {
             WatchTarget::Prefix(self.key("waiting/")),
         ];
         targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
+        targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("hb/{}", m.id)))));
         self.events = Some(self.store.watch(&targets).await?);
-        self.neighbours = neighbours.iter().map(|m| (m.id.clone(), None, 0)).collect();
+        // Heard at the start: the count of silent checks starts with the first check.
+        self.neighbours = neighbours.iter().map(|m| (m.id.clone(), true, 0)).collect();
         self.pending = None;
         self.batch_until = None;
         self.next_check = None;
@@ -171,6 +174,10 @@ impl<S: Store> Rendezvous<S> {
             (WatchEventKind::Deleted, Some(("alive", node))) if member(node) && node != self.me.id => {
                 Ok(self.peer_deleted(node))
             }
+            (WatchEventKind::Written, Some(("hb", node))) => {
+                self.neighbours.iter_mut().filter(|(id, ..)| id == node).for_each(|(_, heard, _)| *heard = true);
+                Ok(None)
+            }
             (WatchEventKind::Written, Some(("waiting", _))) => {
                 self.joiner_arrived(current).await?;
                 Ok(self.pending.take())
@@ -194,7 +201,7 @@ impl<S: Store> Rendezvous<S> {
         }
         let current = self.current.clone()?;
         let link = self.link.get();
-        if link.broken || link.acked.elapsed() > self.timing.probe_every + self.timing.request_bound {
+        if link.broken || link.acked.elapsed() > self.timing.quiet_max() {
             return Some(RdzvEvent::StoreOutage);
         }
         let look = async {
@@ -321,26 +328,18 @@ impl<S: Store> Rendezvous<S> {
     /// A neighbour whose heartbeat stopped (a hung or stopped agent, whose connection may stay open) is
     /// evicted: deleting its liveness key tells its other watcher too. Returns its id.
     async fn evict_stale_neighbour(&mut self) -> Result<Option<String>, RdzvError> {
-        // Without evidence (this node's own round trips failed within the window), a beat that did not
-        // change says nothing about the neighbour: its count starts again.
+        // Without evidence (this node's own round trips failed within the window), a beat not heard says
+        // nothing about the neighbour: its count starts again.
         let evidence = self.link.get().may_evict(Instant::now(), &self.timing);
-        for i in 0..self.neighbours.len() {
-            let id = self.neighbours[i].0.clone();
-            let beat = self.store.get(&self.key(&format!("hb/{id}"))).await?;
-            let (_, last, stale) = &mut self.neighbours[i];
-            if beat.is_some() && beat == *last && evidence {
-                *stale += 1;
-            } else {
-                *stale = 0;
-                *last = beat;
-            }
-            if *stale >= self.settings.keep_alive_max_attempt {
-                tracing::warn!(node = %id, "no heartbeat for {} checks; evicting it", *stale);
-                self.store.delete(&self.key(&format!("alive/{id}"))).await?;
-                return Ok(Some(id));
-            }
+        for (_, heard, stale) in &mut self.neighbours {
+            *stale = if !*heard && evidence { *stale + 1 } else { 0 };
+            *heard = false;
         }
-        Ok(None)
+        let stale = self.neighbours.iter().find(|(.., stale)| *stale >= self.settings.keep_alive_max_attempt);
+        let Some((id, _, checks)) = stale.cloned() else { return Ok(None) };
+        tracing::warn!(node = %id, "no heartbeat for {checks} checks; evicting it");
+        self.store.delete(&self.key(&format!("alive/{id}"))).await?;
+        Ok(Some(id))
     }
 
     /// Waits up to `timeout` for a value group rank 0 publishes for the current round, or for a membership
@@ -375,9 +374,10 @@ impl<S: Store> Rendezvous<S> {
     }
 }
 
-/// The heartbeat task: a round trip every `probe_every`, each bounded by `request_bound` (past it the
-/// connection is replaced): a beat (`hb/<me>`, a new value the others compare) once per `interval`, a ping
-/// between beats. Each acknowledgement, and each failure, goes into `link`.
+/// The heartbeat task: a beat (`hb/<me>`, a new value the others hear) once per `interval`, bounded by
+/// `request_bound` (past it the connection is replaced); while the link is broken, a ping every
+/// `probe_every` between beats, so that its return is seen at once. A sound link costs the store one
+/// request per interval. Each acknowledgement, and each failure, goes into `link`.
 async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration, note: BeatNote, pace: PaceNote) {
     let interval_ms = Some(interval.as_millis() as u64);
     let mut beat: u64 = 0;
@@ -387,6 +387,10 @@ async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: T
     loop {
         let sent = Instant::now();
         let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= interval);
+        if !due && !link.lock().broken {
+            tokio::time::sleep_until(sent + t.probe_every).await;
+            continue;
+        }
         let result = if due {
             let progress = note.lock().map(|p| p.clone()).unwrap_or_default();
             let pace = pace.lock().map(|p| p.clone()).unwrap_or_default();

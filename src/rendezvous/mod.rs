@@ -186,9 +186,9 @@ pub struct Rendezvous<S: Store> {
     current: Option<RoundInfo>,
     /// Writes `hb/<me>` every `keep_alive_interval` for the agent's lifetime (aborted on drop).
     heartbeat: Option<tokio::task::JoinHandle<()>>,
-    /// The members whose liveness this node checks, with their last heartbeat and how many checks it has
-    /// not changed.
-    neighbours: Vec<(String, Option<Vec<u8>>, u32)>,
+    /// The members whose liveness this node checks, whether a beat of theirs was heard (their `hb/` key's
+    /// watch event) since the last check, and how many checks in a row heard none.
+    neighbours: Vec<(String, bool, u32)>,
     /// This node's own link to the store, as its heartbeat task finds it.
     link: fence::SharedLink,
     timing: Timing,
@@ -202,7 +202,7 @@ pub struct Rendezvous<S: Store> {
     /// When the joiners seen waiting are let in (the end of their last call); kept across `next_event`
     /// calls so that a cancelled call does not forget them.
     batch_until: Option<Instant>,
-    /// When `next_event` next reads the neighbours' heartbeats (every `keep_alive_interval`, however often
+    /// When `next_event` next checks the neighbours' heartbeats (every `keep_alive_interval`, however often
     /// it is called).
     next_check: Option<Instant>,
     /// The round counter's value when the current round started.
