@@ -22,10 +22,14 @@ pub(super) enum Op {
     Delete,
     SetSession,
     Watch,
+    /// The heartbeat's write (`Store::beat`).
+    Beat,
+    /// The heartbeat's round trip between beats (`Store::ping`), sent only while the link is broken.
+    Ping,
 }
 
 impl Op {
-    pub(super) const ALL: [Op; 11] = [
+    pub(super) const ALL: [Op; 13] = [
         Op::Set,
         Op::Get,
         Op::Add,
@@ -37,6 +41,8 @@ impl Op {
         Op::Delete,
         Op::SetSession,
         Op::Watch,
+        Op::Beat,
+        Op::Ping,
     ];
 
     pub(super) fn name(self) -> &'static str {
@@ -52,6 +58,8 @@ impl Op {
             Op::Delete => "delete",
             Op::SetSession => "set_session",
             Op::Watch => "watch",
+            Op::Beat => "beat",
+            Op::Ping => "ping",
         }
     }
 }
@@ -103,13 +111,13 @@ impl<S: Store> Store for CountingStore<S> {
     }
 
     async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
-        self.counts.bump(Op::Set);
+        self.counts.bump(Op::Beat);
         self.counts.wrote(value.len());
         self.inner.beat(key, value, timeout).await
     }
 
     async fn ping(&self, key: &str, timeout: Duration) -> Result<(), StoreError> {
-        self.counts.bump(Op::Get);
+        self.counts.bump(Op::Ping);
         self.inner.ping(key, timeout).await
     }
 

@@ -72,6 +72,10 @@ pub struct RendezvousArgs {
     /// Give up after this many seconds (connecting, joining and sealing together).
     #[arg(long, default_value_t = 300.0)]
     timeout: f64,
+    /// After the round is sealed, keep every node watching it (heartbeats running, as a training agent's)
+    /// for this many seconds and report the store's load per node per second (0: no steady window).
+    #[arg(long, default_value_t = 0.0, value_name = "SECS")]
+    steady: f64,
     /// Print the result as one JSON object instead of the summary line.
     #[arg(long)]
     pub json: bool,
@@ -143,6 +147,10 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     };
     let timeout = secs("timeout", args.timeout)?;
     let last_call = secs("last-call-timeout", args.last_call_timeout)?;
+    let steady = match args.steady {
+        0.0 => Duration::ZERO,
+        s => secs("steady", s)?,
+    };
     let plan = store_plan(args, capacity::Host::this())?;
 
     let runtime = crate::runtime::build(crate::runtime::Threads::PerCore).map_err(BenchError::Runtime)?;
@@ -166,11 +174,10 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     let outcome = runtime.block_on(async {
         let (service, connect, store) = backend::start(&plan, &settings, timeout).await?;
         let connect = std::sync::Arc::new(connect);
-        let before = connect.etcd_requests().await;
-        let outcome = simulate(nodes, args.nproc, settings, timeout, &connect, store).await;
-        let after = connect.etcd_requests().await;
+        let plan = sim::Plan { nodes, nproc: args.nproc, timeout, steady };
+        let outcome = simulate(plan, settings, &connect, store).await;
         service.stop().await;
-        Ok(outcome?.with_etcd_requests(before, after))
+        outcome
     });
     // Simulated nodes may still be connected (a failed run): don't wait for them.
     runtime.shutdown_background();

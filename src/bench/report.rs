@@ -7,8 +7,92 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::backend::Connect;
 use super::counting::{Op, OpCounts};
 use crate::rendezvous::{RoundInfo, Settings};
+
+/// The bench's phases, counted apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    /// Connect and register, every node at once.
+    Register,
+    /// `next_round`, from the moment every node is released together until the last has its round.
+    Join,
+    /// The steady window: every member watching its sealed round, heartbeats running, as while training.
+    Steady,
+}
+
+impl Phase {
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Phase::Register => "register",
+            Phase::Join => "join",
+            Phase::Steady => "steady",
+        }
+    }
+}
+
+/// Every node's store operations by kind and (etcd) etcd's requests by method, at one moment or between two.
+#[derive(Debug, Clone, Default, Serialize)]
+pub(super) struct PhaseCounts {
+    ops_by_kind: BTreeMap<&'static str, u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd_requests_by_method: Option<BTreeMap<String, u64>>,
+}
+
+impl PhaseCounts {
+    pub(super) async fn read(connect: &Connect, counts: &[Arc<OpCounts>]) -> PhaseCounts {
+        let ops_by_kind = Op::ALL.iter().map(|&op| (op.name(), counts.iter().map(|c| c.get(op)).sum())).collect();
+        PhaseCounts { ops_by_kind, etcd_requests_by_method: connect.etcd_requests().await }
+    }
+
+    /// What happened between `earlier` and this reading (kinds that did not occur left out).
+    pub(super) fn since(&self, earlier: &PhaseCounts) -> PhaseCounts {
+        let ops_by_kind = self
+            .ops_by_kind
+            .iter()
+            .map(|(&k, &n)| (k, n.saturating_sub(earlier.ops_by_kind.get(k).copied().unwrap_or(0))))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        let etcd = match (&self.etcd_requests_by_method, &earlier.etcd_requests_by_method) {
+            (Some(now), Some(then)) => Some(
+                now.iter()
+                    .map(|(m, &n)| (m.clone(), n.saturating_sub(then.get(m).copied().unwrap_or(0))))
+                    .filter(|&(_, n)| n > 0)
+                    .collect(),
+            ),
+            _ => None,
+        };
+        PhaseCounts { ops_by_kind, etcd_requests_by_method: etcd }
+    }
+
+    fn ops(&self) -> u64 {
+        self.ops_by_kind.values().sum()
+    }
+
+    fn etcd_requests(&self) -> Option<u64> {
+        self.etcd_requests_by_method.as_ref().map(|m| m.values().sum())
+    }
+}
+
+/// What one phase cost: its counts, and per node (per second for the steady window).
+#[derive(Debug, Serialize)]
+struct PhaseReport {
+    #[serde(flatten)]
+    counts: PhaseCounts,
+    ops_per_node: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd_requests_per_node: Option<f64>,
+}
+
+/// The steady window: what a training node costs the store each second.
+#[derive(Debug, Serialize)]
+struct SteadyReport {
+    seconds: f64,
+    store_ops_per_node_per_s: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    etcd_requests_per_node_per_s: Option<f64>,
+}
 
 #[derive(Debug, Serialize)]
 struct OpsSummary {
@@ -36,22 +120,26 @@ pub struct Report {
     join_p99_ms: f64,
     round: u64,
     world_size: u32,
-    /// Every store operation of a node (connect, register and join).
+    /// Every store operation of a node until it had its round (connect, register and join).
     ops_per_node: OpsSummary,
     /// The operations of `next_round` alone.
     join_ops_per_node: OpsSummary,
     /// Value bytes a node read from the store (mean and max), and wrote.
     read_bytes_per_node: OpsSummary,
     written_bytes_per_node: OpsSummary,
-    /// All nodes' operations by kind.
+    /// All nodes' operations by kind until they had their round.
     ops_by_kind: BTreeMap<&'static str, u64>,
-    /// etcd only: the requests etcd answered during the run (its own count, from its metrics), a node's
-    /// share and by method. A store operation can be several requests: `add` is a read and a compare-and-set
-    /// transaction, and one more for each other node's write that came in between; each `wait` opens a watch.
+    /// etcd only: the requests etcd received while the round formed (register and join; its own count,
+    /// from its metrics: a unary call or a message on a stream), a node's share and by method.
     #[serde(skip_serializing_if = "Option::is_none")]
     etcd_requests_per_node: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     etcd_requests_by_method: Option<BTreeMap<String, u64>>,
+    /// Each phase's store operations by kind and etcd requests by method.
+    phases: BTreeMap<&'static str, PhaseReport>,
+    /// With `--steady`: the steady window's load.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    steady: Option<SteadyReport>,
     /// Empty when the round is right: N distinct group ranks 0..N-1, the same members everywhere,
     /// world_size = N * nproc.
     pub problems: Vec<String>,
@@ -91,24 +179,35 @@ impl Report {
         )
     }
 
-    /// Adds what etcd answered between two reads of its counters ([`super::backend::Connect::etcd_requests`]).
-    pub(super) fn with_etcd_requests(
-        mut self,
-        before: Option<BTreeMap<String, u64>>,
-        after: Option<BTreeMap<String, u64>>,
-    ) -> Report {
-        if let (Some(before), Some(after)) = (before, after) {
-            let served: BTreeMap<String, u64> = after
-                .into_iter()
-                .map(|(method, n)| {
-                    let earlier = before.get(&method).copied().unwrap_or(0);
-                    (method, n.saturating_sub(earlier))
-                })
-                .filter(|&(_, n)| n > 0)
-                .collect();
-            self.etcd_requests_per_node = Some(served.values().sum::<u64>() as f64 / f64::from(self.nodes.max(1)));
-            self.etcd_requests_by_method = Some(served);
+    /// Adds each phase's counts; the round's etcd requests are those of registering and joining.
+    pub(super) fn with_phases(mut self, phases: Vec<(Phase, PhaseCounts)>, steady: Duration) -> Report {
+        let nodes = f64::from(self.nodes.max(1));
+        let mut round: Option<BTreeMap<String, u64>> = None;
+        self.ops_by_kind.clear();
+        for (phase, counts) in phases {
+            if phase != Phase::Steady {
+                counts.ops_by_kind.iter().for_each(|(&k, n)| *self.ops_by_kind.entry(k).or_insert(0) += n);
+                if let Some(by_method) = &counts.etcd_requests_by_method {
+                    let total = round.get_or_insert_with(BTreeMap::new);
+                    by_method.iter().for_each(|(m, n)| *total.entry(m.clone()).or_insert(0) += n);
+                }
+            } else {
+                let secs = steady.as_secs_f64().max(f64::MIN_POSITIVE);
+                self.steady = Some(SteadyReport {
+                    seconds: steady.as_secs_f64(),
+                    store_ops_per_node_per_s: counts.ops() as f64 / nodes / secs,
+                    etcd_requests_per_node_per_s: counts.etcd_requests().map(|n| n as f64 / nodes / secs),
+                });
+            }
+            let report = PhaseReport {
+                ops_per_node: counts.ops() as f64 / nodes,
+                etcd_requests_per_node: counts.etcd_requests().map(|n| n as f64 / nodes),
+                counts,
+            };
+            self.phases.insert(phase.name(), report);
         }
+        self.etcd_requests_per_node = round.as_ref().map(|m| m.values().sum::<u64>() as f64 / nodes);
+        self.etcd_requests_by_method = round;
         self
     }
 }
@@ -118,8 +217,14 @@ pub(super) struct NodeOutcome<K> {
     pub(super) node: u32,
     pub(super) info: RoundInfo,
     pub(super) registered: Instant,
+    /// When the join was released (every node registered).
+    pub(super) released: Instant,
     pub(super) sealed: Instant,
     pub(super) join_ops: u64,
+    /// Every operation of the node until it had its round.
+    pub(super) round_ops: u64,
+    /// Membership events seen in the steady window (none in a sound run).
+    pub(super) steady_events: Vec<String>,
     pub(super) _kept: K,
 }
 
@@ -133,11 +238,9 @@ pub(super) fn make_report<K>(
 ) -> Report {
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     let last_registered = outcomes.iter().map(|o| o.registered).max().unwrap_or(start);
+    let released = outcomes.iter().map(|o| o.released).max().unwrap_or(last_registered);
     let last_sealed = outcomes.iter().map(|o| o.sealed).max().unwrap_or(start);
-    let mut latencies: Vec<f64> = outcomes
-        .iter()
-        .map(|o| ms(o.sealed.saturating_duration_since(last_registered)))
-        .collect();
+    let mut latencies: Vec<f64> = outcomes.iter().map(|o| ms(o.sealed.saturating_duration_since(released))).collect();
     latencies.sort_by(f64::total_cmp);
     let percentile = |p: f64| {
         let i = ((latencies.len() as f64 - 1.0) * p).round() as usize;
@@ -168,20 +271,23 @@ pub(super) fn make_report<K>(
         min: settings.min_nodes,
         max: settings.max_nodes,
         nproc,
-        total_ms: ms(last_sealed - start),
+        // The pause between the phases (reading etcd's counters) is left out.
+        total_ms: ms(last_registered - start) + ms(last_sealed.saturating_duration_since(released)),
         register_ms: ms(last_registered - start),
-        join_ms: ms(last_sealed.saturating_duration_since(last_registered)),
+        join_ms: ms(last_sealed.saturating_duration_since(released)),
         join_p50_ms: percentile(0.5),
         join_p99_ms: percentile(0.99),
         round,
         world_size: outcomes.first().map_or(0, |o| o.info.world_size),
-        ops_per_node: summarize(&mut counts.iter().map(|c| c.total())),
+        ops_per_node: summarize(&mut outcomes.iter().map(|o| o.round_ops)),
         join_ops_per_node: summarize(&mut outcomes.iter().map(|o| o.join_ops)),
         read_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_read.load(Ordering::Relaxed))),
         written_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_written.load(Ordering::Relaxed))),
         ops_by_kind,
         etcd_requests_per_node: None,
         etcd_requests_by_method: None,
+        phases: BTreeMap::new(),
+        steady: None,
         problems: check_round(nodes, nproc, outcomes),
     }
 }
@@ -216,6 +322,9 @@ fn check_round<K>(nodes: u32, nproc: u32, outcomes: &[NodeOutcome<K>]) -> Vec<St
                 "node {} has base global rank {} for group rank {}",
                 o.node, info.base_global_rank, info.group_rank
             ));
+        }
+        if let Some(event) = o.steady_events.first() {
+            problems.push(format!("node {} saw {event} in the steady window", o.node));
         }
         // One line per kind of problem is enough to debug; N identical lines are not.
         if problems.len() > 5 {

@@ -4,7 +4,8 @@
 //! declared (protobuf skips the others on decode, and a field left out is never sent). The services' method
 //! paths are in [`path`]. Checked byte for byte by the vectors in this file's tests.
 
-#![allow(clippy::derive_partial_eq_without_eq)]
+// Variants are named as etcd names them, which is how prost generates them.
+#![allow(clippy::derive_partial_eq_without_eq, clippy::enum_variant_names)]
 
 /// The gRPC method paths (`/package.Service/Method`).
 pub mod path {

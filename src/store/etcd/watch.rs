@@ -233,7 +233,7 @@ impl Hub {
         w.target.known = present;
         w.next = revision + 1;
         let create = wire::watch_create(&key, prefix, w.next, id);
-        if !self.stream.as_ref().is_some_and(|(tx, _)| tx.send(create).is_ok()) {
+        if self.stream.as_ref().is_none_or(|(tx, _)| tx.send(create).is_err()) {
             self.reopen("broken while catching up").await;
         }
     }
