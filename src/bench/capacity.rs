@@ -65,24 +65,22 @@ pub(super) fn max_connections(nodes: u32, host: Host) -> Result<usize, String> {
     }
 }
 
-/// Descriptors (and loopback ports) one etcd node may hold: etcd's gateway takes one HTTP/1.1 connection per
-/// request in flight (an operation, the lease's keepalive, a heartbeat) and one per watch stream (the
-/// membership watch, a `wait`'s). Measured: 1814 descriptors in the bench for 256 nodes (7.1 a node).
-pub(super) const ETCD_CONNECTIONS_PER_NODE: usize = 8;
-
 /// Whether `nodes` etcd clients fit this process's open-file limit and loopback's local ports (a started
-/// etcd inherits the same limit and holds the other ends), or why not (one line, naming --nodes).
-pub(super) fn etcd_fits(nodes: u32, host: Host) -> Result<(), String> {
-    let needed = nodes as usize * ETCD_CONNECTIONS_PER_NODE;
+/// etcd inherits the same limit and holds the other ends), or why not (one line, naming --nodes). A node
+/// holds one HTTP/2 connection to each member it has talked to (every request and watch is a stream on it):
+/// one, unless it failed over, so `members` a node at most.
+pub(super) fn etcd_fits(nodes: u32, members: usize, host: Host) -> Result<(), String> {
+    let per = members.max(1);
+    let needed = nodes as usize * per;
     let cap = limits::connection_cap(host.open_files);
     if needed > cap {
         return Err(format!(
-            "--nodes {nodes} with --backend etcd needs up to {needed} connections ({ETCD_CONNECTIONS_PER_NODE} a node): \
+            "--nodes {nodes} with --backend etcd needs up to {needed} connections ({per} a node, one per member): \
              the open-file limit is {} and {} are kept for muster's own files, so at most {} nodes fit; raise the \
              hard limit (ulimit -Hn) or use fewer nodes",
             host.open_files,
             limits::headroom(host.open_files),
-            cap / ETCD_CONNECTIONS_PER_NODE
+            cap / per
         ));
     }
     match host.ephemeral_ports {
@@ -129,15 +127,15 @@ mod tests {
     #[test]
     fn etcd_nodes_fit_their_connections_or_the_line_says_which_does_not() {
         let host = |open_files, ephemeral_ports| Host { open_files, ephemeral_ports };
-        let per = ETCD_CONNECTIONS_PER_NODE as u32;
-        assert_eq!(etcd_fits(1024, host(20000, Some(28232))), Ok(()));
-        let most = 19488 / per;
-        assert_eq!(etcd_fits(most, host(20000, None)), Ok(()));
-        let err = etcd_fits(most + 1, host(20000, None)).unwrap_err();
-        for needle in [format!("--nodes {}", most + 1), "limit is 20000".into(), format!("at most {most} nodes")] {
+        assert_eq!(etcd_fits(16384, 1, host(20000, Some(28232))), Ok(()));
+        assert_eq!(etcd_fits(4096, 3, host(20000, Some(28232))), Ok(()));
+        let most = 19488 / 3;
+        assert_eq!(etcd_fits(most, 3, host(20000, None)), Ok(()));
+        let err = etcd_fits(most + 1, 3, host(20000, None)).unwrap_err();
+        for needle in [format!("--nodes {}", most + 1), "3 a node".into(), "limit is 20000".into(), format!("at most {most} nodes")] {
             assert!(err.contains(&needle), "{needle}: {err}");
         }
-        let err = etcd_fits(28232 / per + 1, host(1 << 20, Some(28232))).unwrap_err();
+        let err = etcd_fits(28232 / 3 + 1, 3, host(1 << 20, Some(28232))).unwrap_err();
         assert!(err.contains("allows 28232 local ports"), "{err}");
     }
 }

@@ -75,7 +75,7 @@ impl EtcdProcess {
 /// `grpc_server_msg_received_total` counters of its `/metrics`, one per unary call and one per message on a
 /// stream (a watcher created or cancelled, a lease keepalive).
 /// `None` when it cannot be read (https, or metrics not served): the report then leaves the figure out.
-pub(super) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
+pub(crate) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
     // reqwest builds a TLS set-up even for http, on the process's crypto provider (installed once: a later
     // call changes nothing).
     let _ = rustls::crypto::ring::default_provider().install_default();

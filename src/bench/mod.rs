@@ -20,7 +20,7 @@
 mod backend;
 mod capacity;
 mod counting;
-mod etcd;
+pub(crate) mod etcd;
 mod report;
 mod server;
 mod sim;
@@ -197,7 +197,8 @@ fn store_plan(args: &RendezvousArgs, host: capacity::Host) -> Result<StorePlan, 
             (None, Some(_)) => Err(BenchError::Usage("--etcd-binary needs --backend etcd".into())),
         };
     }
-    capacity::etcd_fits(nodes, host).map_err(BenchError::Usage)?;
+    let members = endpoint.map_or(1, |e| e.split(',').count());
+    capacity::etcd_fits(nodes, members, host).map_err(BenchError::Usage)?;
     match (endpoint, binary) {
         (Some(_), Some(_)) => Err(BenchError::Usage(
             "--etcd-binary starts an etcd of the bench's own and --etcd-endpoint names one running: give one of them"

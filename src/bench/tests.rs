@@ -36,7 +36,10 @@ fn the_backend_and_its_etcd_flags_are_checked_before_anything_starts() {
         ("--nodes 64 --backend etcd --etcd-endpoint h:1 --etcd-binary etcd", "give one of them"),
         ("--nodes 64 --backend etcd --etcd-endpoint h:x", "invalid value 'h:x' for '--etcd-endpoint'"),
         ("--nodes 64 --backend etcd --etcd-endpoint ftp://h:1", "'--etcd-endpoint'"),
-        ("--nodes 5000 --backend etcd", "--nodes 5000 with --backend etcd needs up to 40000 connections (8 a node)"),
+        (
+            "--nodes 7000 --backend etcd --etcd-endpoint a:1,b:1,c:1",
+            "--nodes 7000 with --backend etcd needs up to 21000 connections (3 a node, one per member)",
+        ),
     ] {
         match plan(line) {
             Err(e) => assert!(e.contains(needle), "{line}: {e}"),

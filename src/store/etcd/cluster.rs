@@ -2,6 +2,8 @@
 //! during a leader election hangs), the auth token, and what each failure means. An outage is said once
 //! (after [`OUTAGE_AFTER`] of failures) and its end once.
 
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
@@ -20,7 +22,7 @@ use crate::store::error::ETCD_CHECK;
 use crate::store::StoreError;
 
 /// One attempt at one member; a slower member is tried again later and the next one now.
-const ATTEMPT: Duration = Duration::from_secs(2);
+pub(super) const ATTEMPT: Duration = Duration::from_secs(2);
 /// Failures this long in a row are an outage, said once; a leader election (1.1–1.6 s here) is not one.
 const OUTAGE_AFTER: Duration = Duration::from_secs(3);
 const BACKOFF: Duration = Duration::from_millis(200);
@@ -62,6 +64,13 @@ struct Member {
     channel: Mutex<Channel>,
 }
 
+/// Whether a request's bound goes to etcd as its gRPC deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Deadline {
+    Call,
+    Stream,
+}
+
 /// A request message: what tonic's prost codec encodes.
 pub(super) trait Message: prost::Message + Clone + Default + Send + Sync + 'static {}
 impl<T: prost::Message + Clone + Default + Send + Sync + 'static> Message for T {}
@@ -80,6 +89,12 @@ pub(super) struct Cluster {
     /// Watches etcd confirmed created and still open (tests wait on it: `testing`).
     #[cfg(test)]
     pub(super) watching: Arc<AtomicUsize>,
+}
+
+/// Where a new client starts: at a member chosen at random, as etcd's own client does, so that the nodes
+/// of a job, all named the same list, spread over the members instead of all loading the first.
+fn first_member(n: usize) -> usize {
+    (RandomState::new().hash_one(Instant::now()) % n.max(1) as u64) as usize
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,7 +125,7 @@ impl Cluster {
             hosts: endpoints.to_vec(),
             members,
             tls,
-            preferred: AtomicUsize::new(0),
+            preferred: AtomicUsize::new(first_member(endpoints.len())),
             credentials,
             token: Mutex::new(None),
             outage: Mutex::new(Outage::default()),
@@ -182,7 +197,7 @@ impl Cluster {
 
     async fn attempt<Q: Message, R: Message>(&self, idx: usize, path: &'static str, req: &Q, deadline: Instant) -> Result<R, Failure> {
         let bound = ATTEMPT.min(deadline.saturating_duration_since(Instant::now())).max(Duration::from_millis(1));
-        let request = self.request(idx, path, req.clone(), bound).await?;
+        let request = self.request(idx, path, req.clone(), bound, Deadline::Call).await?;
         let mut grpc = self.grpc(idx);
         let call = async {
             grpc.ready().await.map_err(|e| Status::unavailable(chain(&e)))?;
@@ -198,10 +213,14 @@ impl Cluster {
         }
     }
 
-    /// `message` with the auth token (authenticating first when there is none) and `bound` as its deadline.
-    async fn request<T>(&self, idx: usize, path: &'static str, message: T, bound: Duration) -> Result<tonic::Request<T>, Failure> {
+    /// `message` with the auth token (authenticating first when there is none, within `bound`) and, for a
+    /// unary call (`Deadline::Call`), `bound` as its deadline. A stream carries none: gRPC's deadline bounds a
+    /// stream's whole life, and etcd would end a watch or the lease's keepalive when it passed.
+    async fn request<T>(&self, idx: usize, path: &'static str, message: T, bound: Duration, kind: Deadline) -> Result<tonic::Request<T>, Failure> {
         let mut request = tonic::Request::new(message);
-        request.set_timeout(bound);
+        if kind == Deadline::Call {
+            request.set_timeout(bound);
+        }
         if let (Some(c), false) = (&self.credentials, path == path::AUTHENTICATE) {
             let token = self.ensure_token(idx, c, Instant::now() + bound).await?;
             let value = token.parse().map_err(|_| Failure::Final(self.auth_failed("etcd gave an auth token that is not ASCII")))?;
@@ -280,7 +299,7 @@ impl Cluster {
             for q in &first {
                 let _ = tx.send(q.clone());
             }
-            let request = match self.request(idx, path, UnboundedReceiverStream::new(rx), ATTEMPT).await {
+            let request = match self.request(idx, path, UnboundedReceiverStream::new(rx), ATTEMPT, Deadline::Stream).await {
                 Ok(r) => r,
                 Err(Failure::Final(e)) => return Err(e),
                 Err(_) => continue,

@@ -136,9 +136,11 @@ impl EtcdStore {
 
 /// Whether this agent may read its keys: an etcd with auth on refuses a request without a user as an
 /// invalid argument and one whose user lacks a role as denied; both are settings to fix (exit 2), said at
-/// start rather than on the rendezvous' first request.
+/// start rather than on the rendezvous' first request. One key is read, the namespace's own (a role that
+/// covers the namespace covers it): a read of everything under it would cost etcd every node's keys at
+/// every connect, O(N) a node while a whole job connects.
 async fn readable(cluster: &Cluster, opts: &EtcdOptions, deadline: Instant) -> Result<(), StoreError> {
-    let body = wire::range(opts.namespace.as_bytes(), true, true);
+    let body = wire::range(opts.namespace.as_bytes(), false, true);
     const INVALID_ARGUMENT: i64 = Code::InvalidArgument as i64;
     const PERMISSION_DENIED: i64 = Code::PermissionDenied as i64;
     let why = match cluster.call::<_, pb::RangeResponse>(path::RANGE, &body, deadline).await {
