@@ -54,6 +54,13 @@ pub(super) fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Res
 /// the round counter moved on. (Long waits need no slicing otherwise: each holds a connection of its own.)
 const JOIN_CHECK: Duration = Duration::from_secs(1);
 
+/// How often the joiner in `slot` looks again: [`JOIN_CHECK`], and a millisecond more for every slot past
+/// the thousandth, so that a whole job's looks cost the store about a thousand requests a second however
+/// many nodes join (4096 nodes looking every second would be most of what one etcd member serves).
+fn join_check(slot: i64) -> Duration {
+    JOIN_CHECK.max(Duration::from_millis(slot.max(0).unsigned_abs()))
+}
+
 /// A spare's wait for the next round or the job's end, re-armed: it has no deadline while the job runs at its
 /// maximum size, but every store wait needs one.
 const SPARE_WAIT: Duration = Duration::from_secs(3600);
@@ -109,6 +116,7 @@ impl<S: Store> Rendezvous<S> {
     /// the launch fingerprint.
     async fn join_once(&mut self, deadline: Instant, taken: &mut Option<(u64, i64)>, reconnected: bool) -> Result<Option<RoundInfo>, RdzvError> {
         if reconnected {
+            self.alive_fresh = false;
             self.publish_fingerprint().await?;
         }
         if let Some(closure) = self.closure().await? {
@@ -123,7 +131,10 @@ impl<S: Store> Rendezvous<S> {
         *taken = Some((round, slot));
         match self.await_seal(round, slot, expected, deadline).await? {
             Joined::Member(info) => {
-                let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                // A write to the store's log: only when there is something to delete.
+                if std::mem::take(&mut self.listed_waiting) {
+                    let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
+                }
                 self.learn_store_host().await?;
                 self.watch_round(&info).await?;
                 self.prev = Some((info.round, info.group_rank));
@@ -151,9 +162,11 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// Takes a slot in `round` and writes this node's record there.
-    async fn take_slot(&self, round: u64) -> Result<i64, RdzvError> {
+    async fn take_slot(&mut self, round: u64) -> Result<i64, RdzvError> {
         // Again each round: a node evicted for missing heartbeats (stopped, not dead) rejoins as alive.
-        self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        if !std::mem::take(&mut self.alive_fresh) {
+            self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        }
         let slot = self.store.add(&self.key(&format!("r/{round}/slot")), 1).await?;
         let record = Record {
             node: self.me.clone(),
@@ -180,12 +193,17 @@ impl<S: Store> Rendezvous<S> {
         let mut seal_due = full(slot);
         let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
         let mut polls = 0u32;
+        // Records still being written: look again in a moment rather than a whole check period, a moment
+        // twice as long each time (each look lists every record: at thousands of nodes, not every 20 ms).
+        let mut in_flight = 0u32;
         loop {
-            // Records still being written: look again in a moment rather than a whole check period.
-            let mut soon = false;
+            let mut soon = None;
             if seal_due {
                 let late = last_call.is_some_and(|t| Instant::now() >= t);
-                soon = self.try_seal(round, late).await? == SealAttempt::RecordsInFlight;
+                if self.try_seal(round, late).await? == SealAttempt::RecordsInFlight {
+                    soon = Some(Duration::from_millis(20 << in_flight.min(5)));
+                    in_flight += 1;
+                }
             }
             let now = Instant::now();
             if now >= deadline {
@@ -198,10 +216,10 @@ impl<S: Store> Rendezvous<S> {
             }
             // During the last call nothing needs checking before its end: a joiner that completes the round
             // seals it itself.
-            let wake = match last_call {
-                Some(t) if t > now && !seal_due => t,
-                _ if soon => now + Duration::from_millis(20),
-                _ => now + JOIN_CHECK,
+            let wake = match (last_call, soon) {
+                (Some(t), _) if t > now && !seal_due => t,
+                (_, Some(moment)) => now + moment,
+                _ => now + join_check(slot),
             };
             if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
                 return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
@@ -287,6 +305,7 @@ impl<S: Store> Rendezvous<S> {
     /// its maximum size, as torch's redundancy list) or the job closes.
     async fn wait_as_spare(&mut self, round: u64) -> Result<(), RdzvError> {
         // The round it was left out of: once a later round lets it in, a key it has not deleted yet is stale.
+        self.listed_waiting = true;
         self.store.set_session(&self.key(&format!("waiting/{}", self.me.id)), round.to_string().as_bytes()).await?;
         let (open, closed) = (self.key(&format!("r/{}/open", round + 1)), self.key("closed"));
         tracing::info!(round, "the round is full or already sealed; waiting for the next one");
@@ -353,5 +372,17 @@ impl<S: Store> Rendezvous<S> {
             self.store.set(&self.key(&format!("r/{}/open", current.round + 1)), b"1").await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_joiner_looks_again_less_often_the_more_nodes_joined_before_it() {
+        for (slot, ms) in [(-3, 1000), (0, 1000), (1, 1000), (1000, 1000), (1500, 1500), (4096, 4096)] {
+            assert_eq!(join_check(slot), Duration::from_millis(ms), "slot {slot}");
+        }
     }
 }

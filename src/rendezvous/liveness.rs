@@ -30,6 +30,7 @@ impl<S: Store> Rendezvous<S> {
     pub async fn register(&mut self) -> Result<(), RdzvError> {
         self.publish_fingerprint().await?;
         self.store.set_session(&self.key(&format!("alive/{}", self.me.id)), b"1").await?;
+        self.alive_fresh = true;
         *self.link.lock() = Link::new(Instant::now(), &self.timing);
         let key = self.key(&format!("hb/{}", self.me.id));
         let task = heartbeats(self.store.clone(), key, self.link.clone(), self.timing, self.settings.keep_alive_interval, self.note.clone(), self.pace.clone());
@@ -41,7 +42,11 @@ impl<S: Store> Rendezvous<S> {
     /// running job gets it again from whoever re-forms first).
     pub(super) async fn publish_fingerprint(&self) -> Result<(), RdzvError> {
         let mine = serde_json::to_vec(&self.fingerprint).map_err(|e| RdzvError::State(e.to_string()))?;
-        let current = self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?;
+        // Read first: every node but the first finds it there, and a read costs etcd no write to its log.
+        let current = match self.store.get(&self.key("fingerprint")).await? {
+            Some(current) if !current.is_empty() => current,
+            _ => self.store.compare_set(&self.key("fingerprint"), b"", &mine).await?,
+        };
         if current != mine {
             let job: Fingerprint = serde_json::from_slice(&current)
                 .map_err(|e| RdzvError::State(format!("unreadable job fingerprint: {e}")))?;

@@ -216,6 +216,13 @@ pub struct Rendezvous<S: Store> {
     store_host: ending::StoreHost,
     /// This agent knows the job is closed, and said so in the store.
     closure_acked: std::sync::atomic::AtomicBool,
+    /// This handle's `waiting/` key may exist: it waited as a spare and has not deleted the key since. (A
+    /// key an earlier agent of this node left names an older round, which no count takes for a joiner, and
+    /// goes with that agent's session.)
+    listed_waiting: bool,
+    /// `register` has just set the liveness key, so the first slot taken need not set it again (a store
+    /// lost meanwhile clears it: the key went with that store).
+    alive_fresh: bool,
 }
 
 /// The local ranks' last progress as the heartbeat carries it (`(global rank, unix ms)`), kept current by
@@ -250,6 +257,8 @@ impl<S: Store> Rendezvous<S> {
             pace: pace::PaceNote::default(),
             store_host: ending::StoreHost::Unknown,
             closure_acked: std::sync::atomic::AtomicBool::new(false),
+            listed_waiting: false,
+            alive_fresh: false,
         }
     }
 

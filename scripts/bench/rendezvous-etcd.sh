@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Benchmark (not a test): one rendezvous round of N nodes on etcd v3 beside the embedded store, and what a
+# node costs each store every second once its round is sealed (heartbeats running, as while training).
+#
+# Rows (`muster bench rendezvous --json`, RUNS runs each, default 3, the median of those that finished):
+#   - the embedded store (a `muster store` child);
+#   - etcd 3.4 (Debian's etcd-server) and etcd 3.5 (scripts/lib.sh's ensure_etcd35), each as the bench's own
+#     single member and as a 3-member cluster on loopback (scripts/etcd/cluster.py), the nodes spread over
+#     the members as etcd's own clients spread;
+# for N in NODES (default "256 1024 4096"). Then one run per store with `--steady STEADY` seconds (default
+# 60) at STEADY_NODES nodes (default 1024): store operations and etcd requests per node per second.
+#
+# Usage: scripts/bench/rendezvous-etcd.sh      NODES="256 1024" RUNS=1 STEADY=20 scripts/bench/rendezvous-etcd.sh
+set -euo pipefail
+export LC_ALL=C
+cd "$(dirname "$0")/../.."
+
+NODES="${NODES:-256 1024 4096}"
+RUNS="${RUNS:-3}"
+STEADY="${STEADY:-60}"
+STEADY_NODES="${STEADY_NODES:-1024}"
+TIMEOUT="${TIMEOUT:-300}"
+source scripts/lib.sh
+require_positive_ints RUNS STEADY STEADY_NODES TIMEOUT
+
+cargo build --release --quiet
+ensure_venv >/dev/null # MUSTER_PYTHON reads the reports
+ensure_etcd >/dev/null
+ETCD34="$(command -v etcd)"
+ETCD35="$(ensure_etcd35)"
+
+MUSTER="$PWD/target/release/muster"
+work="$(mktemp -d)"
+clusters=()
+cleanup() {
+    local d
+    for d in "${clusters[@]}"; do python3 scripts/etcd/cluster.py stop --dir "$d" >/dev/null 2>&1 || true; done
+    rm -rf "$work"
+}
+trap cleanup EXIT
+
+# field FILE KEY: a value from the JSON object in FILE ("a.b" for nested keys).
+field() {
+    "$MUSTER_PYTHON" -c 'import json, sys
+v = json.load(open(sys.argv[1]))
+for k in sys.argv[2].split("."):
+    v = v[k]
+print(v)' "$1" "$2"
+}
+
+median() {
+    sort -g "$1" | awk '{ v[NR] = $1 } END { if (NR == 0) print ""; else if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# start_cluster NAME BINARY: a 3-member cluster of BINARY, stopped on exit; its endpoints in $work/NAME.at.
+start_cluster() {
+    clusters+=("$work/$1")
+    python3 scripts/etcd/cluster.py start --members 3 --dir "$work/$1" --etcd "$2" --owner $$ >"$work/$1.at"
+}
+start_cluster c34 "$ETCD34"
+start_cluster c35 "$ETCD35"
+
+# The stores, as "label|bench flags".
+stores=("embedded store|--backend tcp")
+stores+=("etcd 3.4, own member|--backend etcd --etcd-binary $ETCD34")
+stores+=("etcd 3.4, 3 members|--backend etcd --etcd-endpoint $(cat "$work/c34.at")")
+stores+=("etcd 3.5, own member|--backend etcd --etcd-binary $ETCD35")
+stores+=("etcd 3.5, 3 members|--backend etcd --etcd-endpoint $(cat "$work/c35.at")")
+
+echo "rendezvous on etcd: one round, min = max = N ($(nproc) CPUs; $("$ETCD34" --version | head -n 1), $("$ETCD35" --version | head -n 1))"
+echo "goals: etcd 1024 nodes < 3 s, 4096 nodes < 10 s, store ops/node within 2 of the embedded store's"
+echo
+
+# run_bench FLAGS...: one run into $work/run.json; the 1-minute load average goes with each figure.
+run_bench() {
+    "$MUSTER" bench rendezvous --timeout "$TIMEOUT" --json "$@" >"$work/run.json" 2>"$work/run.err"
+}
+
+for s in "${!stores[@]}"; do
+    label="${stores[$s]%%|*}"
+    flags="${stores[$s]#*|}"
+    for n in $NODES; do
+        : >"$work/$s.$n.total"
+        : >"$work/$s.$n.row"
+        for ((i = 1; i <= RUNS; i++)); do
+            # shellcheck disable=SC2086 # the flags are words on purpose
+            if run_bench $flags --nodes "$n" && [ "$(field "$work/run.json" problems)" = "[]" ]; then
+                field "$work/run.json" total_ms >>"$work/$s.$n.total"
+                req="-"
+                grep -q etcd_requests_per_node "$work/run.json" && req="$(printf '%.1f' "$(field "$work/run.json" etcd_requests_per_node)")"
+                printf '%.1f %s\n' "$(field "$work/run.json" ops_per_node.mean)" "$req" >"$work/$s.$n.row"
+                printf '  %-22s N=%-5s run %d/%d: %8.1f ms (register %.0f, join %.0f; load %s), ops/node %.2f, etcd requests/node %s\n' \
+                    "$label" "$n" "$i" "$RUNS" "$(field "$work/run.json" total_ms)" "$(field "$work/run.json" register_ms)" \
+                    "$(field "$work/run.json" join_ms)" "$(cut -d' ' -f1 /proc/loadavg)" \
+                    "$(field "$work/run.json" ops_per_node.mean)" "$req"
+            else
+                printf '  %-22s N=%-5s run %d/%d: FAILED: %s\n' "$label" "$n" "$i" "$RUNS" "$(tail -n 1 "$work/run.err")"
+            fi
+        done
+    done
+done
+
+echo
+printf '%-22s | %6s | %-30s | %-9s | %s\n' store N "seal, median (runs)" "ops/node" "etcd requests/node"
+printf '%s\n' "-----------------------+--------+--------------------------------+-----------+-------------------"
+for s in "${!stores[@]}"; do
+    for n in $NODES; do
+        m="$(median "$work/$s.$n.total")"
+        if [ -z "$m" ]; then
+            printf '%-22s | %6s | %-30s |\n' "${stores[$s]%%|*}" "$n" "no run finished"
+            continue
+        fi
+        runs="$(sort -g "$work/$s.$n.total" | awk '{ printf "%s%.2f", (NR > 1 ? ", " : ""), $1 / 1000 }')"
+        read -r ops req <"$work/$s.$n.row"
+        printf '%-22s | %6s | %-30s | %-9s | %s\n' "${stores[$s]%%|*}" "$n" \
+            "$(awk -v m="$m" 'BEGIN { printf "%.2f s", m / 1000 }') ($runs)" "$ops" "$req"
+    done
+done
+
+echo
+echo "steady state: $STEADY_NODES nodes, ${STEADY} s after the round is sealed"
+for s in "${!stores[@]}"; do
+    label="${stores[$s]%%|*}"
+    # shellcheck disable=SC2086
+    if run_bench ${stores[$s]#*|} --nodes "$STEADY_NODES" --steady "$STEADY" && [ "$(field "$work/run.json" problems)" = "[]" ]; then
+        req="-"
+        grep -q etcd_requests_per_node_per_s "$work/run.json" &&
+            req="$(printf '%.3f' "$(field "$work/run.json" steady.etcd_requests_per_node_per_s)")"
+        printf '  %-22s store ops/node/s %.3f, etcd requests/node/s %s\n' "$label" \
+            "$(field "$work/run.json" steady.store_ops_per_node_per_s)" "$req"
+    else
+        printf '  %-22s FAILED: %s\n' "$label" "$(tail -n 1 "$work/run.err")"
+    fi
+done
