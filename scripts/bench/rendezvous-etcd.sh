@@ -11,6 +11,7 @@
 # 60) at STEADY_NODES nodes (default 1024): store operations and etcd requests per node per second.
 #
 # Usage: scripts/bench/rendezvous-etcd.sh      NODES="256 1024" RUNS=1 STEADY=20 scripts/bench/rendezvous-etcd.sh
+#        MUSTER_BIN=/path/to/muster scripts/bench/rendezvous-etcd.sh
 set -euo pipefail
 export LC_ALL=C
 cd "$(dirname "$0")/../.."
@@ -23,13 +24,14 @@ TIMEOUT="${TIMEOUT:-300}"
 source scripts/lib.sh
 require_positive_ints RUNS STEADY STEADY_NODES TIMEOUT
 
-cargo build --release --quiet
+# MUSTER_BIN: a muster binary built already (else this checkout's release build).
+[ -n "${MUSTER_BIN:-}" ] || cargo build --release --quiet
 ensure_venv >/dev/null # MUSTER_PYTHON reads the reports
 ensure_etcd >/dev/null
 ETCD34="$(command -v etcd)"
 ETCD35="$(ensure_etcd35)"
 
-MUSTER="$PWD/target/release/muster"
+MUSTER="${MUSTER_BIN:-${CARGO_TARGET_DIR:-$PWD/target}/release/muster}"
 work="$(mktemp -d)"
 clusters=()
 cleanup() {
