@@ -235,11 +235,11 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
     let etcd = EtcdCluster::start(1, false);
     let dir = tempfile::tempdir().unwrap();
     let nothing = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    // The peer port answers HTTP, but is not the client API.
-    let peer = etcd.peer_endpoint(&etcd.names()[0]);
+    // An HTTP/1.1 server is not etcd (etcd's own peer port would not do: it serves the gRPC API too).
+    let http = http1_server();
     let cases: [(String, &str, &str, i32); 3] = [
         (format!("127.0.0.1:{nothing}"), "join_timeout=2", "no etcd member answered", 3),
-        (peer, "join_timeout=10", "is not etcd's v3 gRPC API", 2),
+        (http, "join_timeout=10", "is not etcd's v3 gRPC API", 2),
         (etcd.endpoints(), "protocol=https", "needs cacert=PATH", 2),
     ];
     for (endpoint, conf, needle, code) in cases {
@@ -259,6 +259,21 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
         assert_eq!(got, Some(code), "{endpoint} {conf}: {log}");
         assert!(!dir.path().join("starts").exists(), "no worker may start");
     }
+}
+
+/// A server that answers every connection with an HTTP/1.1 error, as a web server given HTTP/2 does.
+fn http1_server() -> String {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    std::thread::spawn(move || {
+        for mut conn in listener.incoming().flatten() {
+            let mut buf = [0u8; 1024];
+            let _ = conn.read(&mut buf);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+        }
+    });
+    addr.to_string()
 }
 
 /// Nothing listens at the etcd endpoint, for longer than the few seconds after which the agent warns: one

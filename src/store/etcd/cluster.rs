@@ -257,6 +257,10 @@ impl Cluster {
         if let Some(reason) = tls::refusal(status) {
             return Failure::Final(StoreError::Tls { endpoint: url.clone(), reason });
         }
+        if not_http2(status) {
+            let answer = format!("it does not speak HTTP/2 ({})", chain(status));
+            return Failure::Final(StoreError::NotEtcd { endpoint: url.clone(), answer });
+        }
         classify(status.code(), status.message(), || url.clone(), || chain(status))
     }
 
@@ -336,6 +340,21 @@ fn classify(code: Code, message: &str, url: impl Fn() -> String, detail: impl Fn
         Code::Unimplemented => Failure::Final(StoreError::NotEtcd { endpoint: url(), answer: format!("no etcd v3 gRPC service ({message})") }),
         code => Failure::Final(StoreError::Etcd { endpoint: url(), code: code as i64, message: message.to_string() }),
     }
+}
+
+/// Whether the endpoint answered bytes that are not HTTP/2 (an HTTP/1.1 server, a TCPStore): our own h2
+/// library gave the connection up over a malformed frame. A member that is down or shutting down never does.
+fn not_http2(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(err) = next {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.is_go_away()
+                && h2.is_library()
+                && matches!(h2.reason(), Some(h2::Reason::FRAME_SIZE_ERROR | h2::Reason::PROTOCOL_ERROR));
+        }
+        next = err.source();
+    }
+    false
 }
 
 /// An error with its causes, as one line.

@@ -105,15 +105,6 @@ impl EtcdCluster {
         EtcdCluster { endpoints: text(&state["endpoints"]), names, tls, dir }
     }
 
-    /// `127.0.0.1:P` of a member's peer URL (it answers HTTP, but not the client API).
-    pub fn peer_endpoint(&self, name: &str) -> String {
-        let state: Value = serde_json::from_str(&std::fs::read_to_string(self.dir.path().join("cluster.json")).expect("cluster.json"))
-            .expect("cluster.json is JSON");
-        let members = state["members"].as_array().expect("cluster.json members");
-        let m = members.iter().find(|m| m["name"] == name).unwrap_or_else(|| panic!("no member {name}"));
-        m["peer_url"].as_str().expect("peer_url").split("://").nth(1).expect("a URL").to_string()
-    }
-
     /// `127.0.0.1:P1,127.0.0.1:P2,…` (no scheme), in member order: the `--rdzv-endpoint` value.
     pub fn endpoints(&self) -> String {
         self.endpoints.clone()
