@@ -80,6 +80,8 @@ pub(super) struct Cluster {
     /// The members as `host:port`.
     hosts: Vec<String>,
     tls: Option<Arc<rustls::ClientConfig>>,
+    /// Without a client certificate: whether a member asked for one (`tls::NoClientCert`).
+    no_client_cert: Option<Arc<tls::NoClientCert>>,
     preferred: AtomicUsize,
     credentials: Option<Credentials>,
     token: Mutex<Option<String>>,
@@ -109,9 +111,12 @@ impl Cluster {
         credentials: Option<Credentials>,
     ) -> Result<Cluster, StoreError> {
         let scheme = if tls_files.is_some() { "https" } else { "http" };
-        let tls = match tls_files {
-            Some(files) => Some(Arc::new(tls::client_config(files).await?)),
-            None => None,
+        let (tls, no_client_cert) = match tls_files {
+            Some(files) => {
+                let (config, asked) = tls::client_config(files).await?;
+                (Some(Arc::new(config)), asked)
+            }
+            None => (None, None),
         };
         let members = endpoints
             .iter()
@@ -125,6 +130,7 @@ impl Cluster {
             hosts: endpoints.to_vec(),
             members,
             tls,
+            no_client_cert,
             preferred: AtomicUsize::new(first_member(endpoints.len())),
             credentials,
             token: Mutex::new(None),
@@ -257,6 +263,9 @@ impl Cluster {
         if let Some(reason) = tls::refusal(status) {
             return Failure::Final(StoreError::Tls { endpoint: url.clone(), reason });
         }
+        if self.no_client_cert.as_ref().is_some_and(|n| n.required()) {
+            return Failure::Final(StoreError::Tls { endpoint: url.clone(), reason: tls::CERT_REQUIRED.to_string() });
+        }
         if not_http2(status) {
             let answer = format!("it does not speak HTTP/2 ({})", chain(status));
             return Failure::Final(StoreError::NotEtcd { endpoint: url.clone(), answer });
@@ -279,6 +288,9 @@ impl Cluster {
     }
 
     fn answered(&self, idx: usize) {
+        if let Some(n) = &self.no_client_cert {
+            n.served();
+        }
         let mut outage = lock(&self.outage);
         if outage.reported {
             tracing::info!("etcd answers again at {}", self.members[idx].url);

@@ -4,10 +4,13 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::{AlertDescription, CertificateError};
+use rustls::client::ResolvesClientCert;
+use rustls::sign::CertifiedKey;
+use rustls::{AlertDescription, CertificateError, SignatureScheme};
 
 use crate::store::StoreError;
 
@@ -27,7 +30,44 @@ async fn read(path: &Path, key: &str) -> Result<Vec<u8>, StoreError> {
     tokio::fs::read(path).await.map_err(|e| bad(format!("cannot read --rdzv-conf {key}={}: {e}", path.display())))
 }
 
-pub(super) async fn client_config(files: &TlsFiles) -> Result<rustls::ClientConfig, StoreError> {
+/// Without a client certificate, notes whether a member asked for one: TLS 1.3 sends its refusal after the
+/// handshake, so a request sees only a closed connection, and this flag is what names the missing setting.
+/// A member that asks but does not insist (etcd with a trusted CA and no `--client-cert-auth`) serves a
+/// request anyway, and from then on a closed connection is an outage, not a refusal.
+#[derive(Debug, Default)]
+pub(super) struct NoClientCert {
+    asked: AtomicBool,
+    served: AtomicBool,
+}
+
+impl NoClientCert {
+    /// A member asked for a client certificate, which this agent has none of, and none served it without.
+    pub(super) fn required(&self) -> bool {
+        self.asked.load(Ordering::Relaxed) && !self.served.load(Ordering::Relaxed)
+    }
+
+    /// A member answered a request.
+    pub(super) fn served(&self) {
+        self.served.store(true, Ordering::Relaxed);
+    }
+}
+
+impl ResolvesClientCert for NoClientCert {
+    fn resolve(&self, _: &[&[u8]], _: &[SignatureScheme]) -> Option<Arc<CertifiedKey>> {
+        self.asked.store(true, Ordering::Relaxed);
+        None
+    }
+
+    fn has_certs(&self) -> bool {
+        false
+    }
+}
+
+/// What a member that asked for a client certificate needs.
+pub(super) const CERT_REQUIRED: &str = "it requires a client certificate signed by its CA: give --rdzv-conf cert=PATH,key=PATH";
+
+/// The client configuration, and without `cert=` the flag that tells whether a member asked for one.
+pub(super) async fn client_config(files: &TlsFiles) -> Result<(rustls::ClientConfig, Option<Arc<NoClientCert>>), StoreError> {
     let ca = read(&files.ca, "cacert").await?;
     let mut roots = rustls::RootCertStore::empty();
     let mut found = 0;
@@ -44,7 +84,10 @@ pub(super) async fn client_config(files: &TlsFiles) -> Result<rustls::ClientConf
         .with_safe_default_protocol_versions()
         .map_err(|e| bad(format!("TLS set-up: {e}")))?
         .with_root_certificates(roots);
-    let Some((cert, key)) = &files.client else { return Ok(with_h2(builder.with_no_client_auth())) };
+    let Some((cert, key)) = &files.client else {
+        let asked = Arc::new(NoClientCert::default());
+        return Ok((with_h2(builder.with_client_cert_resolver(asked.clone())), Some(asked)));
+    };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&read(cert, "cert").await?)
         .collect::<Result<_, _>>()
         .map_err(|e| bad(format!("--rdzv-conf cert={} is not a PEM certificate: {e}", cert.display())))?;
@@ -55,7 +98,7 @@ pub(super) async fn client_config(files: &TlsFiles) -> Result<rustls::ClientConf
         .map_err(|e| bad(format!("--rdzv-conf key={} is not a PEM private key: {e}", key.display())))?;
     builder
         .with_client_auth_cert(chain, private)
-        .map(with_h2)
+        .map(|config| (with_h2(config), None))
         .map_err(|e| bad(format!("--rdzv-conf cert={} and key={} do not go together: {e}", cert.display(), key.display())))
 }
 
@@ -75,7 +118,7 @@ pub(super) fn refusal(e: &(dyn std::error::Error + 'static)) -> Option<String> {
         rustls::Error::InvalidCertificate(c) => format!("its certificate is not valid for this address: {c:?}"),
         rustls::Error::AlertReceived(
             AlertDescription::CertificateRequired | AlertDescription::BadCertificate | AlertDescription::HandshakeFailure,
-        ) => "it requires a client certificate signed by its CA: give --rdzv-conf cert=PATH,key=PATH".to_string(),
+        ) => CERT_REQUIRED.to_string(),
         rustls::Error::AlertReceived(AlertDescription::UnknownCA) => {
             "it does not trust the client certificate in --rdzv-conf cert= (not signed by its CA)".to_string()
         }
