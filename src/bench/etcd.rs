@@ -73,9 +73,21 @@ impl EtcdProcess {
 
 /// etcd's own count of the requests it has received, by method (`Range`, `Txn`, `Watch`, …): the
 /// `grpc_server_msg_received_total` counters of its `/metrics`, one per unary call and one per message on a
-/// stream (a watcher created or cancelled, a lease keepalive).
+/// stream (a watcher created or cancelled, a progress request, a lease keepalive).
 /// `None` when it cannot be read (https, or metrics not served): the report then leaves the figure out.
 pub(crate) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
+    counted_by_method(endpoint, RECEIVED).await
+}
+
+/// etcd's count of the calls it has begun, by method: one per unary call and one per stream opened.
+#[cfg(test)]
+pub(crate) async fn calls_started(endpoint: &str) -> Option<BTreeMap<String, u64>> {
+    counted_by_method(endpoint, "grpc_server_started_total").await
+}
+
+const RECEIVED: &str = "grpc_server_msg_received_total";
+
+async fn counted_by_method(endpoint: &str, metric: &str) -> Option<BTreeMap<String, u64>> {
     // reqwest builds a TLS set-up even for http, on the process's crypto provider (installed once: a later
     // call changes nothing).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -84,14 +96,14 @@ pub(crate) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, 
     if !response.status().is_success() {
         return None;
     }
-    Some(received_by_method(&response.text().await.ok()?))
+    Some(summed_by_method(&response.text().await.ok()?, metric))
 }
 
-/// The sum of `grpc_server_msg_received_total` by `grpc_method` (over services and types) in Prometheus text.
-fn received_by_method(text: &str) -> BTreeMap<String, u64> {
+/// The sum of counter `metric` by `grpc_method` (over services and types) in Prometheus text.
+fn summed_by_method(text: &str, metric: &str) -> BTreeMap<String, u64> {
     let mut by_method = BTreeMap::new();
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("grpc_server_msg_received_total{") else { continue };
+        let Some(rest) = line.strip_prefix(metric).and_then(|r| r.strip_prefix('{')) else { continue };
         let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
         let method = labels.split(',').find_map(|l| l.strip_prefix("grpc_method=\"")?.strip_suffix('"'));
         // Counters are printed as floats ("1e+06" past a million).
@@ -118,6 +130,6 @@ mod tests {
             grpc_server_msg_received_total{grpc_method=\"Watch\"} NaN\n\
             grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\"} 99\n";
         let expected = [("Put", 0), ("Range", 15), ("Txn", 1_500_000)];
-        assert_eq!(received_by_method(text), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
+        assert_eq!(summed_by_method(text, RECEIVED), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
     }
 }

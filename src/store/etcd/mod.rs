@@ -85,7 +85,7 @@ impl EtcdStore {
         readable(&cluster, opts, Instant::now() + connect_timeout).await?;
         Ok(EtcdStore {
             session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
-            watches: Watches::start(cluster.clone(), Namer(opts.namespace.as_str().into())),
+            watches: Watches::start(cluster.clone(), Namer(opts.namespace.as_str().into()), opts.lease_ttl),
             cluster,
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,

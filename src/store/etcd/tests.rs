@@ -170,15 +170,15 @@ async fn a_lost_lease_is_replaced_once_with_every_session_key_on_it() {
 
 /// A watch and the lease's keepalive are streams that live as long as the store: a request's deadline
 /// (a couple of seconds) must not go with them, or etcd ends them when it passes and they are opened again
-/// and again (etcd's own count of watchers created says so).
+/// and again (etcd's own count of the streams it began says so).
 #[tokio::test]
 async fn streams_outlive_a_request_deadline() {
     let etcd = TestEtcd::start();
     let s = etcd.store("/t/").await;
-    let creates = || async { crate::bench::etcd::requests_handled(&etcd.endpoint).await.and_then(|m| m.get("Watch").copied()) };
+    let creates = || async { crate::bench::etcd::calls_started(&etcd.endpoint).await.and_then(|m| m.get("Watch").copied()) };
     let mut events = s.watch(&[WatchTarget::Key("k".into())]).await.unwrap();
     let before = creates().await;
-    assert_eq!(before, Some(1), "one watcher created");
+    assert_eq!(before, Some(1), "one watch stream opened");
     // Time passing is the point here: past the bound a request carries.
     tokio::time::sleep(super::cluster::ATTEMPT + Duration::from_secs(1)).await;
     s.set("k", b"1").await.unwrap();

@@ -3,7 +3,11 @@
 //! channel closing cancels its watchers; a stream that breaks is opened again at another member with each
 //! watcher resumed after the last revision it delivered, so no write is missed or delivered twice; a
 //! watcher whose revision was compacted away re-reads its key or prefix and reports what changed. When no
-//! member takes the stream back, every caller's channel closes: the store is lost.
+//! member takes the stream back, every caller's channel closes: the store is lost. A stream silent for a
+//! third of the lease's TTL is asked for a progress notification (answered by the member alone, no raft
+//! round), and one that does not answer within another third is opened again elsewhere: a stream carries no deadline, and one on the connection to a member whose host was cut
+//! would otherwise stay silent until TCP keepalive gives the connection up, while unary requests have
+//! already moved to another member (peers' heartbeats unheard, and healthy peers evicted).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -51,9 +55,9 @@ pub(super) struct Watches {
 }
 
 impl Watches {
-    pub(super) fn start(cluster: Arc<Cluster>, namer: Namer) -> Watches {
+    pub(super) fn start(cluster: Arc<Cluster>, namer: Namer, lease_ttl: Duration) -> Watches {
         let (adds, rx) = mpsc::unbounded_channel();
-        tokio::spawn(Hub::new(cluster, namer).run(rx));
+        tokio::spawn(Hub::new(cluster, namer, lease_ttl / 3).run(rx));
         Watches { adds }
     }
 
@@ -86,6 +90,13 @@ struct Hub {
     cluster: Arc<Cluster>,
     namer: Namer,
     stream: Option<Stream>,
+    /// How long the stream may be silent before it is asked to answer, and how long it then has: a third
+    /// of the lease's TTL (one heartbeat interval), so a dead stream is replaced before peers' missed
+    /// heartbeats add up to an eviction, at no more than one extra message per interval.
+    quiet: Duration,
+    /// When the stream last answered (or was opened), and whether it has been asked to since.
+    heard: Instant,
+    probed: bool,
     watchers: HashMap<i64, Watcher>,
     callers: HashMap<u64, Caller>,
     closing: JoinSet<u64>,
@@ -94,11 +105,14 @@ struct Hub {
 }
 
 impl Hub {
-    fn new(cluster: Arc<Cluster>, namer: Namer) -> Hub {
+    fn new(cluster: Arc<Cluster>, namer: Namer, quiet: Duration) -> Hub {
         Hub {
             cluster,
             namer,
             stream: None,
+            quiet,
+            heard: Instant::now(),
+            probed: false,
             watchers: HashMap::new(),
             callers: HashMap::new(),
             closing: JoinSet::new(),
@@ -115,11 +129,15 @@ impl Hub {
                     None => return,
                 },
                 reply = next_reply(&mut self.stream) => match reply {
-                    Ok(Some(reply)) => self.on_reply(reply).await,
+                    Ok(Some(reply)) => {
+                        (self.heard, self.probed) = (Instant::now(), false);
+                        self.on_reply(reply).await
+                    }
                     Ok(None) => self.reopen("the stream ended").await,
                     Err(status) => self.reopen(&status.to_string()).await,
                 },
                 Some(Ok(caller)) = self.closing.join_next(), if !self.closing.is_empty() => self.cancel(caller),
+                () = tokio::time::sleep_until(self.heard + self.quiet), if self.stream.is_some() => self.quiet().await,
             }
         }
     }
@@ -152,6 +170,16 @@ impl Hub {
         }
     }
 
+    /// The stream has been silent for `quiet`: asked to answer, or, asked already, opened again elsewhere.
+    async fn quiet(&mut self) {
+        let asked = !self.probed && self.stream.as_ref().is_some_and(|(tx, _)| tx.send(wire::watch_progress()).is_ok());
+        if asked {
+            (self.heard, self.probed) = (Instant::now(), true);
+        } else {
+            self.reopen("no answer to a progress request").await;
+        }
+    }
+
     /// Opens the stream (again) with every watcher created from where it left off; when no member takes
     /// it, every caller's channel closes.
     async fn reopen(&mut self, why: &str) {
@@ -166,7 +194,10 @@ impl Hub {
             wire::watch_create(&w.target.key, w.target.prefix, w.next, id)
         });
         match self.cluster.open_stream(path::WATCH, creates.collect()).await {
-            Ok(stream) => self.stream = Some(stream),
+            Ok(stream) => {
+                self.stream = Some(stream);
+                (self.heard, self.probed) = (Instant::now(), false);
+            }
             Err(e) => {
                 tracing::debug!("etcd watch: {e}");
                 for (_, caller) in self.callers.drain() {

@@ -91,6 +91,11 @@ pub fn revision(header: Option<&pb::ResponseHeader>) -> i64 {
     header.map_or(0, |h| h.revision)
 }
 
+/// Asks a watch stream's member to answer at once (a progress notification): proof the stream still works.
+pub fn watch_progress() -> pb::WatchRequest {
+    pb::WatchRequest { request_union: Some(pb::watch_request::RequestUnion::ProgressRequest(pb::WatchProgressRequest {})) }
+}
+
 pub fn watch_create(key: &[u8], prefix: bool, start_revision: i64, watch_id: i64) -> pb::WatchRequest {
     let create = pb::WatchCreateRequest { key: key.to_vec(), range_end: end_of(key, prefix), start_revision, watch_id };
     pb::WatchRequest { request_union: Some(pb::watch_request::RequestUnion::CreateRequest(create)) }
