@@ -46,12 +46,22 @@ impl Fault {
         match *self {
             Fault::Cut(i) => vec![format!("iifname \"vb{i}\" drop"), format!("oifname \"vb{i}\" drop")],
             Fault::CutInbound(i) => vec![format!("oifname \"vb{i}\" drop")],
+            // Every packet at the port counted first (no verdict: it goes on to the drop rules).
             Fault::Loss(i, k) => vec![
+                format!("iifname \"vb{i}\" counter"),
+                format!("oifname \"vb{i}\" counter"),
                 format!("iifname \"vb{i}\" numgen random mod {k} == 0 counter drop"),
                 format!("oifname \"vb{i}\" numgen random mod {k} == 0 counter drop"),
             ],
         }
     }
+}
+
+/// Packets at the lossy ports: every one that arrived, and those the loss rules dropped.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LossCounts {
+    pub crossed: u64,
+    pub dropped: u64,
 }
 
 pub struct Net {
@@ -313,19 +323,28 @@ impl Net {
         SystemTime::now()
     }
 
-    /// Packets the loss rules dropped so far (every counter of the fault table summed).
+    /// Packets the loss rules dropped so far.
     pub fn dropped(&self) -> u64 {
+        self.loss_counts().dropped
+    }
+
+    /// What crossed the lossy ports so far and what the loss rules dropped of it (the fault table's
+    /// counters: a rule ending in `drop` counts drops, any other counts every packet).
+    pub fn loss_counts(&self) -> LossCounts {
+        let mut counts = LossCounts::default();
         if self.faults.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
-            return 0;
+            return counts;
         }
         let listing = sh(Command::new("ip").args(["netns", "exec", &self.bridge_ns(), "nft", "list", "table", "bridge", &self.prefix]));
-        listing
-            .split_whitespace()
-            .collect::<Vec<_>>()
-            .windows(2)
-            .filter(|w| w[0] == "packets")
-            .filter_map(|w| w[1].parse::<u64>().ok())
-            .sum()
+        for line in listing.lines() {
+            let words: Vec<_> = line.split_whitespace().collect();
+            let Some(n) = words.windows(2).find(|w| w[0] == "packets").and_then(|w| w[1].parse::<u64>().ok()) else { continue };
+            match words.last() == Some(&"drop") {
+                true => counts.dropped += n,
+                false => counts.crossed += n,
+            }
+        }
+        counts
     }
 
     /// The fault table as nft lists it (for a failing test's message).
