@@ -79,9 +79,13 @@ impl<S: Store> Rendezvous<S> {
         self.batch_until = None;
         self.next_check = None;
         self.joiner_arrived(info).await?;
+        // Judged as a deletion heard on the watch: a watch made again after the store came back (a frozen
+        // etcd revokes every lease when it resumes) gives the neighbour a window to register again.
         for m in neighbours {
             if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
-                self.pending = Some(RdzvEvent::PeerLost(m.id.clone()));
+                if let Some(lost) = self.peer_deleted(&m.id) {
+                    self.pending = Some(lost);
+                }
             }
         }
         if self.read_round().await?.1 > info.round {

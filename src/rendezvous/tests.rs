@@ -325,6 +325,31 @@ pub(super) mod shared {
         assert_eq!(again.group_world_size, 1);
     }
 
+    /// A neighbour's liveness key found gone when the round's watch is made again just after this node's
+    /// link came back (an etcd that froze revokes every lease when it resumes) is not lost at once: it has
+    /// a window to register again, and does.
+    async fn a_neighbour_gone_at_a_rewatch_after_an_outage_gets_a_window<B: Backend>(b: B) {
+        let agents = vec![agent(&b, "a", 1, settings(1, 2)).await, agent(&b, "b", 1, settings(1, 2)).await];
+        let mut joined = join_all(agents).await;
+        joined.sort_by_key(|(_, i)| i.group_rank);
+        let (peer, _) = joined.pop().expect("two agents");
+        let (mut a, info) = joined.pop().expect("two agents");
+        let alive = a.key(&format!("alive/{}", peer.me().id));
+        {
+            let mut link = a.link.lock();
+            link.fail();
+            link.ack(Instant::now(), true);
+        }
+        a.store().delete(&alive).await.expect("delete");
+        a.watch_round(&info).await.expect("watch");
+        assert_eq!(a.pending, None, "judged in a window, not at once");
+        peer.store().set_session(&alive, b"1").await.expect("register again");
+        let window = a.timing.window;
+        let event = tokio::time::timeout(window * 2, a.next_event()).await;
+        assert!(event.is_err(), "back within the window, so nobody is lost: {event:?}");
+        assert!(a.suspects.is_empty(), "judged: {:?}", a.suspects);
+    }
+
     /// Two agents form a round; a third, late, waits as a spare and is let into the next one (MAX `max`).
     /// Returns the members of the second round and the late agent with its round.
     async fn a_late_node_joins<B: Backend>(b: &B, max: u32) -> (Vec<(Rendezvous<B::S>, RoundInfo)>, (Rendezvous<B::S>, RoundInfo)) {
@@ -497,6 +522,7 @@ pub(super) mod shared {
         a_lost_peer_is_seen_and_the_group_reforms,
         group_rank_0_lost_before_publishing_reforms_the_others,
         a_hung_peer_is_evicted_by_its_neighbours,
+        a_neighbour_gone_at_a_rewatch_after_an_outage_gets_a_window,
         a_late_node_waits_then_joins_the_next_round,
         a_spare_let_in_is_not_waited_for_again,
         a_different_launch_is_refused,
