@@ -19,6 +19,7 @@ pub(super) enum Op {
     MultiGet,
     MultiSet,
     List,
+    Scan,
     Delete,
     SetSession,
     Watch,
@@ -29,7 +30,7 @@ pub(super) enum Op {
 }
 
 impl Op {
-    pub(super) const ALL: [Op; 13] = [
+    pub(super) const ALL: [Op; 14] = [
         Op::Set,
         Op::Get,
         Op::Add,
@@ -38,6 +39,7 @@ impl Op {
         Op::MultiGet,
         Op::MultiSet,
         Op::List,
+        Op::Scan,
         Op::Delete,
         Op::SetSession,
         Op::Watch,
@@ -55,6 +57,7 @@ impl Op {
             Op::MultiGet => "multi_get",
             Op::MultiSet => "multi_set",
             Op::List => "list",
+            Op::Scan => "scan",
             Op::Delete => "delete",
             Op::SetSession => "set_session",
             Op::Watch => "watch",
@@ -155,16 +158,23 @@ impl<S: Store> Store for CountingStore<S> {
         self.inner.multi_set(pairs).await
     }
 
-    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         self.counts.bump(Op::MultiGet);
         let values = self.inner.multi_get(keys).await?;
-        self.counts.read(values.iter().map(Vec::len).sum());
+        self.counts.read(values.iter().flatten().map(Vec::len).sum());
         Ok(values)
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         self.counts.bump(Op::List);
         self.inner.list(prefix).await
+    }
+
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        self.counts.bump(Op::Scan);
+        let pairs = self.inner.scan(prefix).await?;
+        self.counts.read(pairs.iter().map(|(_, v)| v.len()).sum());
+        Ok(pairs)
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {

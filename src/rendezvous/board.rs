@@ -78,7 +78,7 @@ impl<S: Store> HangBoard<S> {
                 break;
             }
         }
-        Ok(self.store.multi_get(&keys).await?)
+        Ok(self.store.multi_get(&keys).await?.into_iter().flatten().collect())
     }
 
     pub async fn put_verdict(&self, incident: u64, verdict: &[u8]) -> Result<(), RdzvError> {

@@ -25,7 +25,7 @@ use crate::store::{Store, WatchTarget};
 /// enough that a member that died meanwhile does not hold the host.
 pub const LINGER_INTERVALS: u32 = 3;
 
-const STORE_HOST: &str = "store_host";
+pub(super) const STORE_HOST: &str = "store_host";
 const ACKS: &str = "closed_ack/";
 
 /// Which agent hosts the store, as this node knows it.
@@ -49,16 +49,18 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
-    /// Learns which agent hosts the store, once (one read per agent, at its first join).
-    pub(super) async fn learn_store_host(&mut self) -> Result<(), RdzvError> {
-        if self.store_host != StoreHost::Unknown {
-            return Ok(());
-        }
-        self.store_host = match self.store.get(&self.key(STORE_HOST)).await? {
+    /// Whether this agent has yet to learn which agent hosts the store (it reads [`STORE_HOST`] with the
+    /// keys it reads once its first round is sealed).
+    pub(super) fn store_host_unknown(&self) -> bool {
+        self.store_host == StoreHost::Unknown
+    }
+
+    /// Learns which agent hosts the store from [`STORE_HOST`]'s value.
+    pub(super) fn learn_store_host(&mut self, host: Option<Vec<u8>>) {
+        self.store_host = match host {
             Some(id) => StoreHost::Agent(String::from_utf8_lossy(&id).into_owned()),
             None => StoreHost::External,
         };
-        Ok(())
     }
 
     /// What a refused connection means to this node's retried operations.

@@ -50,16 +50,22 @@ pub(super) fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Res
 
 
 /// How often a joiner whose round is not sealed looks again, for what no watch tells it: below MIN, how many
-/// others joined; once the round is due, whether the sealer died or met a record not yet written; and whether
-/// the round counter moved on. (Long waits need no slicing otherwise: each holds a connection of its own.)
+/// others joined; once the round is due, whether the sealer died; and whether the round counter moved on.
+/// All three are backups for a node that died at the wrong moment: the node that completes the round, or
+/// sees its last call end, seals it without anyone looking. (Long waits need no slicing otherwise: each
+/// holds a connection of its own.)
 const JOIN_CHECK: Duration = Duration::from_secs(1);
 
-/// How often the joiner in `slot` looks again: [`JOIN_CHECK`], and a millisecond more for every slot past
-/// the thousandth, so that a whole job's looks cost the store about a thousand requests a second however
-/// many nodes join (4096 nodes looking every second would be most of what one etcd member serves).
-fn join_check(slot: i64) -> Duration {
-    JOIN_CHECK.max(Duration::from_millis(slot.max(0).unsigned_abs()))
+/// How often each joiner of a round of up to `max_nodes` looks again: [`JOIN_CHECK`], and 4 ms more a node
+/// past the 250th, so that a whole job's looks cost the store about 250 a second (a look is one read and a
+/// wait) however many nodes join. Looks that grew with the round's length instead (a look a second each)
+/// fed themselves at thousands of nodes: the looks slowed the store, the round took longer, and every
+/// joiner looked more often. At most [`JOIN_CHECK_MAX`]: how late a backup may come at any size.
+fn join_check(max_nodes: u32) -> Duration {
+    JOIN_CHECK.max(Duration::from_millis(4 * u64::from(max_nodes))).min(JOIN_CHECK_MAX)
 }
+
+const JOIN_CHECK_MAX: Duration = Duration::from_secs(60);
 
 /// A spare's wait for the next round or the job's end, re-armed: it has no deadline while the job runs at its
 /// maximum size, but every store wait needs one.
@@ -119,11 +125,12 @@ impl<S: Store> Rendezvous<S> {
             self.alive_fresh = false;
             self.publish_fingerprint().await?;
         }
-        if let Some(closure) = self.closure().await? {
+        let mut read = self.read_keys(&["closed".into(), "round".into()]).await?.into_iter();
+        if let Some(closure) = self.closure_in(read.next().flatten()).await {
             return Err(closure.error(&self.settings.run_id));
         }
         self.refuse_a_lemon().await?;
-        let (raw, round, expected) = self.read_round().await?;
+        let (raw, round, expected) = super::round_counter(read.next().flatten());
         let slot = match *taken {
             Some((r, slot)) if r == round && self.holds_slot(round, slot).await? => slot,
             _ => self.take_slot(round).await?,
@@ -135,7 +142,6 @@ impl<S: Store> Rendezvous<S> {
                 if std::mem::take(&mut self.listed_waiting) {
                     let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
                 }
-                self.learn_store_host().await?;
                 self.watch_round(&info).await?;
                 self.prev = Some((info.round, info.group_rank));
                 self.round_raw = raw;
@@ -187,12 +193,12 @@ impl<S: Store> Rendezvous<S> {
     async fn await_seal(&self, round: u64, slot: i64, expected: Option<u32>, deadline: Instant) -> Result<Joined, RdzvError> {
         let sealed_key = self.key(&format!("r/{round}/sealed"));
         let min = i64::from(self.settings.min_nodes);
-        let full = |joined: i64| {
-            joined >= i64::from(self.settings.max_nodes) || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min)
-        };
+        let full = |joined: i64| self.full(joined, expected);
         let mut seal_due = full(slot);
         let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
-        let mut polls = 0u32;
+        // The sealer lock's holder at the last look (empty: none seen).
+        let mut holder = Vec::new();
+        let look = [String::from("round"), format!("r/{round}/slot"), format!("r/{round}/sealer")];
         // Records still being written: look again in a moment rather than a whole check period, a moment
         // twice as long each time (each look lists every record: at thousands of nodes, not every 20 ms).
         let mut in_flight = 0u32;
@@ -200,7 +206,7 @@ impl<S: Store> Rendezvous<S> {
             let mut soon = None;
             if seal_due {
                 let late = last_call.is_some_and(|t| Instant::now() >= t);
-                if self.try_seal(round, late).await? == SealAttempt::RecordsInFlight {
+                if self.try_seal(round, late, &holder, expected).await? == SealAttempt::RecordsInFlight {
                     soon = Some(Duration::from_millis(20 << in_flight.min(5)));
                     in_flight += 1;
                 }
@@ -219,7 +225,7 @@ impl<S: Store> Rendezvous<S> {
             let wake = match (last_call, soon) {
                 (Some(t), _) if t > now && !seal_due => t,
                 (_, Some(moment)) => now + moment,
-                _ => now + join_check(slot),
+                _ => now + join_check(self.settings.max_nodes),
             };
             if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
                 return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
@@ -227,12 +233,16 @@ impl<S: Store> Rendezvous<S> {
                     None => Ok(Joined::Spare),
                 };
             }
-            polls += 1;
+            let mut read = self.read_keys(&look).await?.into_iter();
+            if super::round_counter(read.next().flatten()).1 != round {
+                return Ok(Joined::Moved);
+            }
+            let joined = read.next().flatten().map_or(Ok(0), |v| slots_taken(&v))?;
+            holder = read.next().flatten().unwrap_or_default();
             let now = Instant::now();
             // Below MIN when this node joined: count the others until the last call starts; a backup for the
             // node that reached MIN, should it die before sealing.
             if last_call.is_none() {
-                let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
                 if full(joined) {
                     seal_due = true;
                 } else if joined >= min {
@@ -242,20 +252,27 @@ impl<S: Store> Rendezvous<S> {
             if last_call.is_some_and(|t| now >= t) {
                 seal_due = true;
             }
-            if polls % 5 == 0 && self.read_round().await?.1 != round {
-                return Ok(Joined::Moved);
-            }
         }
+    }
+
+    /// Whether `joined` nodes complete a round: MAX, or the `expected` of a re-formation (and MIN).
+    fn full(&self, joined: i64, expected: Option<u32>) -> bool {
+        let min = i64::from(self.settings.min_nodes);
+        joined >= i64::from(self.settings.max_nodes) || expected.is_some_and(|e| joined >= i64::from(e) && joined >= min)
     }
 
     /// Seals `round` if this node holds the sealer lock (`r/<R>/sealer` = the holder's id, taken by
     /// compare-and-set, taken over from a holder that is no longer alive). Before the last call has passed
     /// (`late`), it seals only once every slot taken has its record: a joiner between its slot and its record
-    /// is not left out.
-    async fn try_seal(&self, round: u64, late: bool) -> Result<SealAttempt, RdzvError> {
+    /// is not left out. `seen`: the holder a look found (empty: none), asked after before anything is
+    /// written: while a live holder seals, a compare-and-set would cost etcd a write to its log for nothing.
+    async fn try_seal(&self, round: u64, late: bool, seen: &[u8], expected: Option<u32>) -> Result<SealAttempt, RdzvError> {
         let lock = self.key(&format!("r/{round}/sealer"));
         let me = self.me.id.as_bytes();
-        let holder = self.store.compare_set(&lock, b"", me).await?;
+        let holder = match seen {
+            [] => self.store.compare_set(&lock, b"", me).await?,
+            seen => seen.to_vec(),
+        };
         if holder != me {
             let id = String::from_utf8_lossy(&holder).into_owned();
             let holder_alive = self.store.get(&self.key(&format!("alive/{id}"))).await?.is_some();
@@ -263,21 +280,16 @@ impl<S: Store> Rendezvous<S> {
                 return Ok(SealAttempt::NotMine);
             }
         }
-        let member_prefix = self.key(&format!("r/{round}/m/"));
-        let keys = self.store.list(&member_prefix).await?;
+        let records = self.store.scan(&self.key(&format!("r/{round}/m/"))).await?;
         let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
-        if !late && (keys.len() as i64) < joined {
+        let alive = self.alive_nodes().await?;
+        let written = records.len() as i64;
+        let by_node = latest_records(records, |id| alive.contains(id) || id == self.me.id)?;
+        // A slot without its record yet is waited for, unless the round is complete without it: a joiner
+        // whose slot's reply was lost took another one, and its first would hold the seal to the last call.
+        if !late && written < joined && !self.full(by_node.len() as i64, expected) {
             self.store.compare_set(&lock, me, b"").await?;
             return Ok(SealAttempt::RecordsInFlight);
-        }
-        let alive = self.alive_nodes().await?;
-        let values = self.store.multi_get(&keys).await?;
-        let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
-        for v in values {
-            let r: Record = serde_json::from_slice(&v).map_err(|e| RdzvError::State(format!("bad record: {e}")))?;
-            if alive.contains(&r.node.id) || r.node.id == self.me.id {
-                by_node.entry(r.node.id.clone()).or_insert(r);
-            }
         }
         let ranked = assign_ranks(by_node.into_values().collect(), &self.settings)?;
         if ranked.len() < self.settings.min_nodes as usize {
@@ -327,14 +339,10 @@ impl<S: Store> Rendezvous<S> {
     /// into `round` deletes its key only once it has read its assignment; until then its key names an
     /// earlier round, and counting it would make the members re-form at once for a joiner already in.
     pub(super) async fn waiting_after(&self, round: u64) -> Result<usize, RdzvError> {
-        let keys = self.store.list(&self.key("waiting/")).await?;
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let values = self.store.multi_get(&keys).await?;
+        let spares = self.store.scan(&self.key("waiting/")).await?;
         // A value that is not a round (an older agent's) counts: a spare too many costs a last call at most.
         let waits = |v: &[u8]| std::str::from_utf8(v).ok().and_then(|t| t.parse::<u64>().ok()).is_none_or(|left_out| left_out >= round);
-        Ok(values.iter().filter(|v| waits(v)).count())
+        Ok(spares.iter().filter(|(_, v)| waits(v)).count())
     }
 
     /// Opens the round after the current one, expecting the members still alive plus the waiting joiners;
@@ -375,14 +383,55 @@ impl<S: Store> Rendezvous<S> {
     }
 }
 
+/// The records of the nodes that `counts`, by node id: a node's latest slot, the one it waits with (it
+/// takes another only when the reply for its last one was lost).
+pub(super) fn latest_records(records: Vec<(String, Vec<u8>)>, counts: impl Fn(&str) -> bool) -> Result<BTreeMap<String, Record>, RdzvError> {
+    let mut by_node: BTreeMap<String, Record> = BTreeMap::new();
+    for (_, v) in records {
+        let r: Record = serde_json::from_slice(&v).map_err(|e| RdzvError::State(format!("bad record: {e}")))?;
+        if counts(&r.node.id) && by_node.get(&r.node.id).is_none_or(|kept| kept.slot < r.slot) {
+            by_node.insert(r.node.id.clone(), r);
+        }
+    }
+    Ok(by_node)
+}
+
+/// The count a slot counter's value says.
+fn slots_taken(value: &[u8]) -> Result<i64, RdzvError> {
+    let text = std::str::from_utf8(value).ok().map(str::trim);
+    text.and_then(|t| t.parse().ok()).ok_or_else(|| RdzvError::State(format!("unreadable slot count {value:?}")))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn a_joiner_looks_again_less_often_the_more_nodes_joined_before_it() {
-        for (slot, ms) in [(-3, 1000), (0, 1000), (1, 1000), (1000, 1000), (1500, 1500), (4096, 4096)] {
-            assert_eq!(join_check(slot), Duration::from_millis(ms), "slot {slot}");
+    fn a_joiner_looks_again_less_often_the_more_nodes_may_join() {
+        for (max, ms) in [(1, 1000), (250, 1000), (256, 1024), (1024, 4096), (4096, 16384), (15_000, 60_000), (u32::MAX, 60_000)] {
+            assert_eq!(join_check(max), Duration::from_millis(ms), "--nnodes ..{max}");
         }
+    }
+
+    #[test]
+    fn a_node_with_two_slots_counts_once_with_its_latest() {
+        let record = |id: &str, slot: i64| {
+            let node = NodeInfo { id: id.into(), addr: "h".into(), nproc: 1 };
+            let r = Record { node, slot, prev_rank: None, prev_round: None, pref_rank: None, restarts: None };
+            (format!("r/0/m/{slot}"), serde_json::to_vec(&r).expect("json"))
+        };
+        // Lexical order, as etcd lists them: 10 before 9.
+        let records = vec![record("a", 10), record("b", 2), record("a", 9), record("gone", 3)];
+        let kept = latest_records(records, |id| id != "gone").expect("records");
+        let slots: Vec<(&str, i64)> = kept.values().map(|r| (r.node.id.as_str(), r.slot)).collect();
+        assert_eq!(slots, [("a", 10), ("b", 2)]);
+        assert!(latest_records(vec![("r/0/m/1".into(), b"{".to_vec())], |_| true).is_err());
+    }
+
+    #[test]
+    fn a_slot_count_reads_as_its_text() {
+        assert_eq!(slots_taken(b"42").ok(), Some(42));
+        assert_eq!(slots_taken(b" 7\n").ok(), Some(7));
+        assert!(slots_taken(b"x").is_err());
     }
 }

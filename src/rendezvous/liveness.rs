@@ -79,19 +79,30 @@ impl<S: Store> Rendezvous<S> {
         self.batch_until = None;
         self.next_check = None;
         self.joiner_arrived(info).await?;
+        let mut names = vec!["round".to_string(), "closed".to_string()];
+        names.extend(neighbours.iter().map(|m| format!("alive/{}", m.id)));
+        let learn = self.store_host_unknown();
+        if learn {
+            names.push(super::ending::STORE_HOST.to_string());
+        }
+        let mut read = self.read_keys(&names).await?.into_iter();
+        let (round, closed) = (read.next().flatten(), read.next().flatten());
         // Judged as a deletion heard on the watch: a watch made again after the store came back (a frozen
         // etcd revokes every lease when it resumes) gives the neighbour a window to register again.
         for m in neighbours {
-            if self.store.get(&self.key(&format!("alive/{}", m.id))).await?.is_none() {
+            if read.next().flatten().is_none() {
                 if let Some(lost) = self.peer_deleted(&m.id) {
                     self.pending = Some(lost);
                 }
             }
         }
-        if self.read_round().await?.1 > info.round {
+        if learn {
+            self.learn_store_host(read.next().flatten());
+        }
+        if super::round_counter(round).1 > info.round {
             self.pending = Some(RdzvEvent::RoundChanged);
         }
-        if let Some(closure) = self.closure().await? {
+        if let Some(closure) = self.closure_in(closed).await {
             self.pending = Some(RdzvEvent::Closed(closure));
         }
         Ok(())

@@ -286,6 +286,15 @@ impl<S: Store> Rendezvous<S> {
     }
 }
 
+/// The round counter as read: its raw value (for compare-and-set), the round, and the nodes it expects.
+type RoundCounter = (Vec<u8>, u64, Option<u32>);
+
+fn round_counter(value: Option<Vec<u8>>) -> RoundCounter {
+    let raw = value.unwrap_or_default();
+    let (round, expected) = parse_round(&raw);
+    (raw, round, expected)
+}
+
 /// Runs `op`, or gives up with [`RdzvError::StoreLost`] at `give_up` (from [`Rendezvous::give_up_at`]): a
 /// node cut off ends at a time it can state, not after each operation's own retries.
 async fn within<T>(give_up: Option<(Instant, Instant)>, op: impl std::future::Future<Output = Result<T, RdzvError>>) -> Result<T, RdzvError> {
@@ -338,11 +347,24 @@ impl<S: Store> Rendezvous<S> {
 
     /// Whether the job is closed, and why (once known, acknowledged for the store's host).
     async fn closure(&self) -> Result<Option<Closure>, RdzvError> {
-        let closure = self.store.get(&self.key("closed")).await?.map(|v| Closure::decode(&v));
+        let closed = self.store.get(&self.key("closed")).await?;
+        Ok(self.closure_in(closed).await)
+    }
+
+    /// The closure a value of `closed` says, acknowledged once known.
+    async fn closure_in(&self, closed: Option<Vec<u8>>) -> Option<Closure> {
+        let closure = closed.map(|v| Closure::decode(&v));
         if closure.is_some() {
             self.acknowledge_closure().await;
         }
-        Ok(closure)
+        closure
+    }
+
+    /// The values of `names` under this job's prefix, in order, in one request: what one look at the
+    /// store needs costs it one request, however many keys it reads.
+    async fn read_keys(&self, names: &[String]) -> Result<Vec<Option<Vec<u8>>>, RdzvError> {
+        let keys: Vec<String> = names.iter().map(|n| self.key(n)).collect();
+        Ok(self.store.multi_get(&keys).await?)
     }
 
     /// Ends the job for every agent with `closure`.
@@ -353,10 +375,8 @@ impl<S: Store> Rendezvous<S> {
     }
 
     /// The round counter: its raw value (for compare-and-set), the round, and how many nodes it expects.
-    async fn read_round(&self) -> Result<(Vec<u8>, u64, Option<u32>), RdzvError> {
-        let raw = self.store.get(&self.key("round")).await?.unwrap_or_default();
-        let (round, expected) = parse_round(&raw);
-        Ok((raw, round, expected))
+    async fn read_round(&self) -> Result<RoundCounter, RdzvError> {
+        Ok(round_counter(self.store.get(&self.key("round")).await?))
     }
 
     /// Publishes a value for the current round (e.g. the workers' MASTER_ADDR:PORT from group rank 0).

@@ -55,9 +55,8 @@ impl<S: Store> PaceBoard<S> {
 
     /// Every agent's last window, as its heartbeat carries it (agents without one left out).
     pub async fn windows(&self) -> Result<Vec<String>, RdzvError> {
-        let keys = self.store.list(&self.hb_prefix).await?;
-        let values = self.store.multi_get(&keys).await?;
-        Ok(values.iter().filter_map(|v| Heartbeat::decode(v)?.pace).collect())
+        let beats = self.store.scan(&self.hb_prefix).await?;
+        Ok(beats.iter().filter_map(|(_, v)| Heartbeat::decode(v)?.pace).collect())
     }
 
     /// Every later write of the drain verdict.

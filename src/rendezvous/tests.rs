@@ -325,6 +325,18 @@ pub(super) mod shared {
         assert_eq!(again.group_world_size, 1);
     }
 
+    /// A slot whose taker never wrote its record (the reply to its slot was lost, so it took another) does
+    /// not hold the seal to the last call once the round is complete without it.
+    async fn a_slot_without_a_record_does_not_hold_a_complete_round<B: Backend>(b: B) {
+        let mut s = settings(2, 2);
+        s.last_call_timeout = Duration::from_secs(600);
+        let (a, c) = (agent(&b, "a", 1, s.clone()).await, agent(&b, "c", 1, s).await);
+        a.store().add(&a.key("r/0/slot"), 1).await.expect("a slot taken, its record never written");
+        let joined = tokio::time::timeout(Duration::from_secs(20), join_all(vec![a, c])).await;
+        let joined = joined.expect("sealed long before the last call");
+        assert!(joined.iter().all(|(_, i)| i.group_world_size == 2), "both in");
+    }
+
     /// A neighbour's liveness key found gone when the round's watch is made again just after this node's
     /// link came back (an etcd that froze revokes every lease when it resumes) is not lost at once: it has
     /// a window to register again, and does.
@@ -523,6 +535,7 @@ pub(super) mod shared {
         group_rank_0_lost_before_publishing_reforms_the_others,
         a_hung_peer_is_evicted_by_its_neighbours,
         a_neighbour_gone_at_a_rewatch_after_an_outage_gets_a_window,
+        a_slot_without_a_record_does_not_hold_a_complete_round,
         a_late_node_waits_then_joins_the_next_round,
         a_spare_let_in_is_not_waited_for_again,
         a_different_launch_is_refused,

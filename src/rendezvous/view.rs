@@ -173,16 +173,9 @@ fn last_hang(v: Option<Vec<u8>>) -> Option<String> {
     v["line"].as_str().map(str::to_string)
 }
 
-/// The records under `prefix` (one round's `m/`), by node id; a node's first slot wins, as the sealer's.
+/// The records under `prefix` (one round's `m/`), by node id; a node's latest slot wins, as the sealer's.
 async fn records<S: Store>(store: &S, prefix: &str) -> Result<BTreeMap<String, Record>, RdzvError> {
-    let mut slots = store.list(prefix).await?;
-    slots.sort_by_key(|k| k.rsplit('/').next().and_then(|s| s.parse::<i64>().ok()));
-    let mut by_node = BTreeMap::new();
-    for value in store.multi_get(&slots).await? {
-        let r: Record = serde_json::from_slice(&value).map_err(|e| RdzvError::State(format!("bad record: {e}")))?;
-        by_node.entry(r.node.id.clone()).or_insert(r);
-    }
-    Ok(by_node)
+    super::join::latest_records(store.scan(prefix).await?, |_| true)
 }
 
 /// The node ids of the keys under `prefix` (`alive/`, `waiting/`).
@@ -190,23 +183,17 @@ async fn ids<S: Store>(store: &S, prefix: &str) -> Result<HashSet<String>, RdzvE
     Ok(store.list(prefix).await?.into_iter().filter_map(|k| k.strip_prefix(prefix).map(str::to_string)).collect())
 }
 
-/// Every node's heartbeat: one `multi_get` of the existing `hb/` keys (it leaves out missing keys, so a key
-/// that vanished between the list and the read makes it ask key by key).
+/// Every node's heartbeat: one `multi_get` of the existing `hb/` keys (a key that vanished between the list
+/// and the read has none).
 async fn read_heartbeats<S: Store>(store: &S, prefix: &str, view: &mut JobView) -> Result<(), RdzvError> {
     let hb = format!("{prefix}hb/");
     let beating = ids(store, &hb).await?;
     let nodes: Vec<&mut NodeView> =
         view.members.iter_mut().chain(view.others.iter_mut()).filter(|n| beating.contains(&n.id)).collect();
     let keys: Vec<String> = nodes.iter().map(|n| format!("{hb}{}", n.id)).collect();
-    let mut values = store.multi_get(&keys).await?;
-    if values.len() != keys.len() {
-        values.clear();
-        for k in &keys {
-            values.push(store.get(k).await?.unwrap_or_default());
-        }
-    }
+    let values = store.multi_get(&keys).await?;
     for (node, value) in nodes.into_iter().zip(values) {
-        node.heartbeat = Heartbeat::decode(&value);
+        node.heartbeat = Heartbeat::decode(&value.unwrap_or_default());
     }
     Ok(())
 }

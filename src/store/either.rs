@@ -52,11 +52,14 @@ impl Store for RdzvStore {
     async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
         each!(self, s => s.multi_set(pairs))
     }
-    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         each!(self, s => s.multi_get(keys))
     }
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         each!(self, s => s.list(prefix))
+    }
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        each!(self, s => s.scan(prefix))
     }
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
         each!(self, s => s.delete(key))

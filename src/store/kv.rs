@@ -28,10 +28,20 @@ pub trait Store: Send + Sync + 'static {
     fn wait(&self, key: &str, timeout: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Sets several keys in one request.
     fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> impl Future<Output = Result<(), StoreError>> + Send;
-    /// Values of keys that exist.
-    fn multi_get(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Vec<u8>>, StoreError>> + Send;
+    /// The value of each key, in one request and in the keys' order: None where it is absent. Empty reads
+    /// as absent on every store (torch's TCPStore protocol cannot tell the two apart).
+    fn multi_get(&self, keys: &[String]) -> impl Future<Output = Result<Vec<Option<Vec<u8>>>, StoreError>> + Send;
     /// Every key under `prefix`.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Vec<String>, StoreError>> + Send;
+    /// Every key under `prefix` with its value (empty values left out, as `multi_get` reads them): one
+    /// request where the store can read a prefix's values at once (etcd), else a `list` and a `multi_get`.
+    fn scan(&self, prefix: &str) -> impl Future<Output = Result<Vec<(String, Vec<u8>)>, StoreError>> + Send {
+        async move {
+            let keys = self.list(prefix).await?;
+            let values = self.multi_get(&keys).await?;
+            Ok(keys.into_iter().zip(values).filter_map(|(k, v)| Some((k, v?))).collect())
+        }
+    }
     fn delete(&self, key: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// This handle's heartbeat: `set`, acknowledged by the store within `timeout` (Ok means the store has it,
     /// not that it sits in a send buffer), on a path where it never queues behind a long wait of this handle

@@ -158,9 +158,9 @@ impl Store for MemoryHandle {
         Ok(())
     }
 
-    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         let inner = self.store.lock();
-        Ok(keys.iter().filter_map(|k| inner.data.get(k).cloned()).collect())
+        Ok(keys.iter().map(|k| inner.data.get(k).filter(|v| !v.is_empty()).cloned()).collect())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {

@@ -239,7 +239,7 @@ impl Store for RemoteStore {
     }
 
     /// Missing (and empty) keys are left out; nothing waits for them.
-    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
@@ -247,7 +247,7 @@ impl Store for RemoteStore {
         let request = Request::MultiGet { keys: wires.iter().map(Vec::as_slice).collect() };
         let (_, bytes) = self.call(&request, "multi_get").await?;
         match decode(ReplyShape::Values(keys.len() as u64), &bytes, self.addr, "multi_get")? {
-            Reply::Values(values) => Ok(values.into_iter().filter(|v| !v.is_empty()).map(<[u8]>::to_vec).collect()),
+            Reply::Values(values) => Ok(values.into_iter().map(|v| (!v.is_empty()).then(|| v.to_vec())).collect()),
             _ => Err(self.shape("multi_get")),
         }
     }

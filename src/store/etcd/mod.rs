@@ -11,6 +11,7 @@ mod counter;
 mod lease;
 pub mod local;
 mod pb;
+mod reads;
 mod tls;
 mod watch;
 pub mod wire;
@@ -65,6 +66,8 @@ pub struct EtcdStore {
     namespace: Arc<str>,
     timeout: Duration,
     version: String,
+    /// Several keys are read in one transaction (see `reads`).
+    txn_reads: bool,
     /// Waits past their first read, waiting for the key's event (tests wait on it: `testing`).
     #[cfg(test)]
     parked: Arc<std::sync::atomic::AtomicUsize>,
@@ -81,7 +84,8 @@ impl EtcdStore {
                 answer: "a status reply without a version".into(),
             });
         }
-        tracing::debug!("etcd {} at {}", status.version, cluster.named);
+        let txn_reads = reads::txn_reads_safe(&status.version);
+        tracing::debug!("etcd {} at {} (reads in one transaction: {txn_reads})", status.version, cluster.named);
         readable(&cluster, opts, Instant::now() + connect_timeout).await?;
         Ok(EtcdStore {
             session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
@@ -90,6 +94,7 @@ impl EtcdStore {
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
             version: status.version,
+            txn_reads,
             #[cfg(test)]
             parked: Default::default(),
         })
@@ -230,20 +235,22 @@ impl Store for EtcdStore {
         Ok(())
     }
 
-    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Vec<u8>>, StoreError> {
-        let mut values = Vec::with_capacity(keys.len());
-        for chunk in keys.chunks(MAX_TXN_OPS) {
-            let ranges = chunk.iter().map(|k| wire::op_range(wire::range(&self.full(k), false, false))).collect();
-            let reply = self.txn(&wire::txn(&[], ranges, vec![])).await?;
-            let found = wire::ranges(reply).filter_map(wire::first);
-            values.extend(found.map(counter::visible).filter(|v| !v.is_empty()));
-        }
-        Ok(values)
+    async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        let reads = keys.iter().map(|k| wire::range(&self.full(k), false, false)).collect();
+        let replies = self.read_all(reads).await?.into_iter();
+        Ok(replies.map(|(read, _)| wire::first(read).map(counter::visible).filter(|v| !v.is_empty())).collect())
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<String>, StoreError> {
         let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(&self.full(prefix), true, true)).await?;
         Ok(reply.kvs.iter().map(|kv| self.name(&kv.key)).collect())
+    }
+
+    /// One Range of the prefix, values and all.
+    async fn scan(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>, StoreError> {
+        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(&self.full(prefix), true, false)).await?;
+        let pairs = reply.kvs.into_iter().map(|kv| (self.name(&kv.key), counter::visible(kv)));
+        Ok(pairs.filter(|(_, v)| !v.is_empty()).collect())
     }
 
     async fn delete(&self, key: &str) -> Result<bool, StoreError> {
@@ -285,8 +292,8 @@ impl Store for EtcdStore {
 }
 
 impl EtcdStore {
-    /// One read of every target (one transaction per [`MAX_TXN_OPS`]) gives the revision the watchers start
-    /// after, so every write after this call returns is delivered; also whether any target had a key then.
+    /// One read of every target (`read_all`) gives the revision each watcher starts after, so every write
+    /// after this call returns is delivered; also whether any target had a key then.
     async fn follow(&self, targets: &[WatchTarget]) -> Result<(mpsc::UnboundedReceiver<WatchEvent>, bool), StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
         if targets.is_empty() {
@@ -299,17 +306,16 @@ impl EtcdStore {
                 WatchTarget::Prefix(p) => Target { key: self.full(p), prefix: true, known: HashSet::new() },
             })
             .collect();
-        let mut started = Vec::new();
-        for chunk in wanted.chunks(MAX_TXN_OPS) {
-            let reads = chunk.iter().map(|t| wire::op_range(wire::range(&t.key, t.prefix, true))).collect();
-            let reply = self.txn(&wire::txn(&[], reads, vec![])).await?;
-            let next = wire::revision(reply.header.as_ref()) + 1;
-            let mut chunk = chunk.to_vec();
-            for (target, read) in chunk.iter_mut().zip(wire::ranges(reply)) {
+        let reads = wanted.iter().map(|t| wire::range(&t.key, t.prefix, true)).collect();
+        let replies = self.read_all(reads).await?;
+        let started: Vec<(Target, i64)> = wanted
+            .into_iter()
+            .zip(replies)
+            .map(|(mut target, (read, revision))| {
                 target.known = read.kvs.into_iter().map(|kv| kv.key).collect();
-            }
-            started.extend(chunk.into_iter().map(|t| (t, next)));
-        }
+                (target, revision + 1)
+            })
+            .collect();
         let present = started.iter().any(|(t, _)| !t.known.is_empty());
         self.watches.add(started, tx);
         Ok((rx, present))

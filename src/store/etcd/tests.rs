@@ -26,7 +26,10 @@ async fn keys_counters_and_compare_set() {
     assert_eq!(s.compare_set("empty", b"", b"z").await.unwrap(), b"z");
     s.multi_set(&[("m/1".into(), b"a".to_vec()), ("m/2".into(), b"b".to_vec())]).await.unwrap();
     let keys: Vec<String> = (0..300).map(|i| format!("m/{i}")).collect();
-    assert_eq!(s.multi_get(&keys).await.unwrap(), vec![b"a".to_vec(), b"b".to_vec()]);
+    let values = s.multi_get(&keys).await.unwrap();
+    assert_eq!(values.len(), 300, "one value or None per key, in order");
+    assert_eq!(values[1..3], [Some(b"a".to_vec()), Some(b"b".to_vec())]);
+    assert!(values[3..].iter().chain(&values[..1]).all(Option::is_none));
     let mut listed = s.list("m/").await.unwrap();
     listed.sort();
     assert_eq!(listed, ["m/1", "m/2"]);
@@ -119,7 +122,7 @@ async fn counters_read_as_their_count_and_other_adds_still_add() {
     assert_eq!(s.add("c", 1).await.unwrap(), 1);
     assert_eq!(s.add("c", 1).await.unwrap(), 2);
     assert_eq!(s.get("c").await.unwrap(), Some(b"2".to_vec()), "a counter reads as its count");
-    assert_eq!(s.multi_get(&["c".into()]).await.unwrap(), vec![b"2".to_vec()]);
+    assert_eq!(s.multi_get(&["c".into()]).await.unwrap(), vec![Some(b"2".to_vec())]);
     assert_eq!(s.add("c", 5).await.unwrap(), 7, "another delta adds to the count");
     assert_eq!(s.add("c", 1).await.unwrap(), 8);
     assert_eq!(s.get("c").await.unwrap(), Some(b"8".to_vec()));
@@ -185,4 +188,33 @@ async fn streams_outlive_a_request_deadline() {
     let e = tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap();
     assert_eq!((e.kind, e.key.as_str()), (WatchEventKind::Written, "k"));
     assert_eq!(creates().await, before, "the watch stream was not opened again");
+}
+
+/// A member that cannot take a cancelled read-only transaction (etcd 3.5.0 to 3.5.4) is read key by key,
+/// with the same answers: values in the keys' order, a prefix's values, and watches that start after their
+/// reads.
+#[tokio::test]
+async fn reads_key_by_key_answer_as_one_transaction_does() {
+    let etcd = TestEtcd::start();
+    let writer = etcd.store("/k/").await;
+    writer.multi_set(&[("m/1".into(), b"a".to_vec()), ("m/2".into(), b"b".to_vec())]).await.unwrap();
+    writer.add("c", 1).await.unwrap();
+    // More keys than one read keeps in flight.
+    let mut keys: Vec<String> = ["m/2", "x", "m/1", "c"].map(String::from).to_vec();
+    keys.extend((0..40).map(|i| format!("none/{i}")));
+    for txn_reads in [true, false] {
+        let mut s = etcd.store("/k/").await;
+        s.txn_reads = txn_reads;
+        let values = s.multi_get(&keys).await.unwrap();
+        let got: Vec<Option<&[u8]>> = values.iter().take(4).map(Option::as_deref).collect();
+        assert_eq!(got, [Some(&b"b"[..]), None, Some(b"a"), Some(b"1")], "txn_reads {txn_reads}");
+        assert!(values[4..].iter().all(Option::is_none) && values.len() == keys.len());
+        let scanned = s.scan("m/").await.unwrap();
+        assert_eq!(scanned, [("m/1".to_string(), b"a".to_vec()), ("m/2".to_string(), b"b".to_vec())]);
+        let (mut events, present) = s.follow(&[WatchTarget::Key("m/1".into()), WatchTarget::Prefix("w/".into())]).await.unwrap();
+        assert!(present, "m/1 exists");
+        writer.set(&format!("w/{txn_reads}"), b"j").await.unwrap();
+        let e = tokio::time::timeout(Duration::from_secs(10), events.recv()).await.unwrap().unwrap();
+        assert_eq!((e.kind, e.key), (WatchEventKind::Written, format!("w/{txn_reads}")));
+    }
 }

@@ -28,7 +28,7 @@ async fn correct(store: &RemoteStore, case: &Case) -> Result<bool, StoreError> {
         Op::CompareSet => store.compare_set(&case.x, &case.v, &case.w).await? == case.w,
         Op::Wait => store.wait(&case.x, TIMEOUT).await?,
         Op::WaitMissing => !store.wait(&case.z, Duration::from_millis(2)).await?,
-        Op::MultiGet => store.multi_get(&[case.x.clone(), case.y.clone()]).await? == [case.v.clone(), case.w.clone()],
+        Op::MultiGet => store.multi_get(&[case.x.clone(), case.y.clone()]).await? == [Some(case.v.clone()), Some(case.w.clone())],
         Op::List => {
             let prefix = case.x.trim_end_matches('x');
             let keys = store.list(prefix).await?;
