@@ -60,9 +60,11 @@ const JOIN_CHECK: Duration = Duration::from_secs(1);
 /// past the 250th, so that a whole job's looks cost the store about 250 a second (a look is one read and a
 /// wait) however many nodes join. Looks that grew with the round's length instead (a look a second each)
 /// fed themselves at thousands of nodes: the looks slowed the store, the round took longer, and every
-/// joiner looked more often. At most [`JOIN_CHECK_MAX`]: how late a backup may come at any size.
-fn join_check(max_nodes: u32) -> Duration {
-    JOIN_CHECK.max(Duration::from_millis(4 * u64::from(max_nodes))).min(JOIN_CHECK_MAX)
+/// joiner looked more often. At most [`JOIN_CHECK_MAX`]: how late a backup may come at any size. Scaled by
+/// 0.5 + `jitter` (in [0, 1)): joiners that joined together do not look together.
+fn join_check(max_nodes: u32, jitter: f64) -> Duration {
+    let base = JOIN_CHECK.max(Duration::from_millis(4 * u64::from(max_nodes))).min(JOIN_CHECK_MAX);
+    base.mul_f64(0.5 + jitter.clamp(0.0, 1.0))
 }
 
 const JOIN_CHECK_MAX: Duration = Duration::from_secs(60);
@@ -225,7 +227,7 @@ impl<S: Store> Rendezvous<S> {
             let wake = match (last_call, soon) {
                 (Some(t), _) if t > now && !seal_due => t,
                 (_, Some(moment)) => now + moment,
-                _ => now + join_check(self.settings.max_nodes),
+                _ => now + join_check(self.settings.max_nodes, super::retry::jitter(now)),
             };
             if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
                 return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
@@ -409,8 +411,10 @@ mod tests {
     #[test]
     fn a_joiner_looks_again_less_often_the_more_nodes_may_join() {
         for (max, ms) in [(1, 1000), (250, 1000), (256, 1024), (1024, 4096), (4096, 16384), (15_000, 60_000), (u32::MAX, 60_000)] {
-            assert_eq!(join_check(max), Duration::from_millis(ms), "--nnodes ..{max}");
+            assert_eq!(join_check(max, 0.5), Duration::from_millis(ms), "--nnodes ..{max}");
         }
+        assert_eq!(join_check(1024, 0.0), Duration::from_millis(2048), "spread by the jitter");
+        assert_eq!(join_check(1024, 7.0), Duration::from_millis(6144), "at most one and a half times");
     }
 
     #[test]

@@ -57,6 +57,12 @@ pub(super) fn refusal_ends(on: &OnRefusal, addr: &str, since: Instant, now: Inst
     }
 }
 
+/// A number in [0, 1) that differs from agent to agent (and call to call): spreads waits that would
+/// otherwise end together.
+pub(super) fn jitter(now: Instant) -> f64 {
+    (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0
+}
+
 /// What to do after a failed attempt.
 #[derive(Debug, PartialEq)]
 pub(super) enum Next {
@@ -114,8 +120,7 @@ impl Retry {
             _ => self.refused_since = None,
         }
         let deadline = *self.deadline.get_or_insert(now + self.timeout);
-        let jitter = (RandomState::new().hash_one(now) % 1000) as f64 / 1000.0;
-        match decide(&e, self.attempt, jitter, now, deadline) {
+        match decide(&e, self.attempt, jitter(now), now, deadline) {
             Next::Retry(wait) => {
                 // etcd's client says an outage itself, once for all its users; a refusal is said by its end
                 // (`refusal_ends`) or by the watch of the round.
