@@ -66,8 +66,13 @@ struct Member {
 
 /// Whether a request's bound goes to etcd as its gRPC deadline.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Deadline {
+pub(super) enum Deadline {
+    /// A unary call: its bound is its deadline, and a call past it is cancelled.
     Call,
+    /// A unary call that is never cancelled: it carries no deadline, and one past its bound is left to
+    /// finish on its own (its reply dropped) rather than reset, while the caller goes on. For what a
+    /// cancellation would crash (`reads.rs`).
+    Uncancelled,
     Stream,
 }
 
@@ -161,6 +166,11 @@ impl Cluster {
 
     /// A unary call of `path` to the first member that answers, until `deadline`.
     pub(super) async fn call<Q: Message, R: Message>(&self, path: &'static str, req: &Q, deadline: Instant) -> Result<R, StoreError> {
+        self.call_as(path, req, deadline, Deadline::Call).await
+    }
+
+    /// [`Self::call`], each attempt made as `kind` says.
+    pub(super) async fn call_as<Q: Message, R: Message>(&self, path: &'static str, req: &Q, deadline: Instant, kind: Deadline) -> Result<R, StoreError> {
         let n = self.members.len();
         let mut last = String::from("no attempt made");
         let mut reauthenticated = false;
@@ -168,7 +178,7 @@ impl Cluster {
             let first = self.preferred.load(Ordering::Relaxed);
             for i in 0..n {
                 let idx = (first + i) % n;
-                match self.attempt(idx, path, req, deadline).await {
+                match self.attempt(idx, path, req, deadline, kind).await {
                     Ok(reply) => {
                         self.preferred.store(idx, Ordering::Relaxed);
                         self.answered(idx);
@@ -201,15 +211,23 @@ impl Cluster {
         }
     }
 
-    async fn attempt<Q: Message, R: Message>(&self, idx: usize, path: &'static str, req: &Q, deadline: Instant) -> Result<R, Failure> {
+    async fn attempt<Q: Message, R: Message>(&self, idx: usize, path: &'static str, req: &Q, deadline: Instant, kind: Deadline) -> Result<R, Failure> {
         let bound = ATTEMPT.min(deadline.saturating_duration_since(Instant::now())).max(Duration::from_millis(1));
-        let request = self.request(idx, path, req.clone(), bound, Deadline::Call).await?;
+        let request = self.request(idx, path, req.clone(), bound, kind).await?;
         let mut grpc = self.grpc(idx);
-        let call = async {
+        let call = async move {
             grpc.ready().await.map_err(|e| Status::unavailable(chain(&e)))?;
             grpc.unary(request, http::uri::PathAndQuery::from_static(path), tonic_prost::ProstCodec::default()).await
         };
-        match tokio::time::timeout(bound, call).await {
+        let answered = match kind {
+            // Spawned: dropping the wait for it (its bound, or the caller's) leaves the request running.
+            Deadline::Uncancelled => {
+                let task = tokio::spawn(call);
+                tokio::time::timeout(bound, task).await.map(|done| done.unwrap_or_else(|e| Err(Status::unknown(e.to_string()))))
+            }
+            Deadline::Call | Deadline::Stream => tokio::time::timeout(bound, call).await,
+        };
+        match answered {
             Ok(Ok(reply)) => Ok(reply.into_inner()),
             Ok(Err(status)) => Err(self.classify(idx, &status)),
             Err(_) => {
@@ -241,7 +259,7 @@ impl Cluster {
             return Ok(token);
         }
         let body = pb::AuthenticateRequest { name: c.user.clone(), password: c.password.clone() };
-        let reply: pb::AuthenticateResponse = Box::pin(self.attempt(idx, path::AUTHENTICATE, &body, deadline)).await.map_err(|f| match f {
+        let reply: pb::AuthenticateResponse = Box::pin(self.attempt(idx, path::AUTHENTICATE, &body, deadline, Deadline::Call)).await.map_err(|f| match f {
             Failure::Final(StoreError::Etcd { message, .. }) => Failure::Final(self.auth_failed(&message)),
             other => other,
         })?;

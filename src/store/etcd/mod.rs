@@ -66,8 +66,8 @@ pub struct EtcdStore {
     namespace: Arc<str>,
     timeout: Duration,
     version: String,
-    /// Several keys are read in one transaction (see `reads`).
-    txn_reads: bool,
+    /// A read-only transaction may be cancelled (see `reads`).
+    cancel_reads: bool,
     /// Waits past their first read, waiting for the key's event (tests wait on it: `testing`).
     #[cfg(test)]
     parked: Arc<std::sync::atomic::AtomicUsize>,
@@ -84,8 +84,8 @@ impl EtcdStore {
                 answer: "a status reply without a version".into(),
             });
         }
-        let txn_reads = reads::txn_reads_safe(&status.version);
-        tracing::debug!("etcd {} at {} (reads in one transaction: {txn_reads})", status.version, cluster.named);
+        let cancel_reads = reads::survives_cancelled_reads(&status.version);
+        tracing::debug!("etcd {} at {} (read-only transactions may be cancelled: {cancel_reads})", status.version, cluster.named);
         readable(&cluster, opts, Instant::now() + connect_timeout).await?;
         Ok(EtcdStore {
             session: Session::new(cluster.clone(), opts.lease_ttl, opts.request_timeout),
@@ -94,7 +94,7 @@ impl EtcdStore {
             namespace: opts.namespace.as_str().into(),
             timeout: opts.request_timeout,
             version: status.version,
-            txn_reads,
+            cancel_reads,
             #[cfg(test)]
             parked: Default::default(),
         })
