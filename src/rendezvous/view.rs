@@ -6,7 +6,7 @@
 //! the waiting list, every node's heartbeat and the job's restart records. O(nodes + restarts) bytes, a
 //! handful of requests.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde::Serialize;
 
@@ -183,17 +183,15 @@ async fn ids<S: Store>(store: &S, prefix: &str) -> Result<HashSet<String>, RdzvE
     Ok(store.list(prefix).await?.into_iter().filter_map(|k| k.strip_prefix(prefix).map(str::to_string)).collect())
 }
 
-/// Every node's heartbeat: one `multi_get` of the existing `hb/` keys (a key that vanished between the list
-/// and the read has none).
+/// Every node's heartbeat: one `scan` of the `hb/` keys.
 async fn read_heartbeats<S: Store>(store: &S, prefix: &str, view: &mut JobView) -> Result<(), RdzvError> {
     let hb = format!("{prefix}hb/");
-    let beating = ids(store, &hb).await?;
-    let nodes: Vec<&mut NodeView> =
-        view.members.iter_mut().chain(view.others.iter_mut()).filter(|n| beating.contains(&n.id)).collect();
-    let keys: Vec<String> = nodes.iter().map(|n| format!("{hb}{}", n.id)).collect();
-    let values = store.multi_get(&keys).await?;
-    for (node, value) in nodes.into_iter().zip(values) {
-        node.heartbeat = Heartbeat::decode(&value.unwrap_or_default());
+    let beats: HashMap<String, Vec<u8>> =
+        store.scan(&hb).await?.into_iter().filter_map(|(k, v)| Some((k.strip_prefix(&hb)?.to_string(), v))).collect();
+    for node in view.members.iter_mut().chain(view.others.iter_mut()) {
+        if let Some(beat) = beats.get(&node.id) {
+            node.heartbeat = Heartbeat::decode(beat);
+        }
     }
     Ok(())
 }
