@@ -35,6 +35,12 @@ const SIGNAL_HOLD: Duration = Duration::from_secs(1);
 /// How long the `--on-node-fault` hook may run.
 pub(super) const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// What ended a watch of the running group: an input, or a health check that drains the node.
+enum Won {
+    Input(Input),
+    Drain(&'static str, String),
+}
+
 /// This node's GPUs, when NVML is there.
 pub(super) struct Gpus {
     pub(super) nvml: &'static nvml_wrapper::Nvml,
@@ -133,44 +139,63 @@ impl Work {
         let board = self.rendezvous.hang_board();
         let pace_board = self.rendezvous.pace_board();
         let note = self.rendezvous.beat_note();
-        let hang = async {
-            match self.hang.as_mut() {
-                Some(monitor) => monitor.next(board.as_ref(), &note).await,
-                None => std::future::pending().await,
-            }
-        };
-        let straggling = async {
-            match self.pace.as_mut() {
-                Some(monitor) => monitor.next(pace_board.as_ref()).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
-            outcome = group.watch(&mut self.spares) => match outcome {
-                Watch::Succeeded => Input::Succeeded,
-                Watch::Failed(failure) => {
-                    if failure.stop_signal() {
-                        // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
-                        tokio::time::sleep(SIGNAL_HOLD).await;
+        let underway = self.hang.as_ref().map(|m| m.underway());
+        let on_hang = self.cfg.hang.as_ref().map(|h| h.on_hang);
+        let won = {
+            let hang = async {
+                match self.hang.as_mut() {
+                    Some(monitor) => monitor.next(board.as_ref(), &note).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(hang);
+            let straggling = async {
+                match self.pace.as_mut() {
+                    Some(monitor) => monitor.next(pace_board.as_ref()).await,
+                    None => std::future::pending().await,
+                }
+            };
+            let won = tokio::select! {
+                outcome = group.watch(&mut self.spares) => match outcome {
+                    Watch::Succeeded => Won::Input(Input::Succeeded),
+                    Watch::Failed(failure) => {
+                        if failure.stop_signal() {
+                            // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
+                            tokio::time::sleep(SIGNAL_HOLD).await;
+                        }
+                        let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
+                        let (change, ()) = tokio::join!(
+                            self.rendezvous.change_behind_failure(),
+                            crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
+                        );
+                        Won::Input(Input::WorkerFailed { failure, change })
                     }
-                    let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
-                    let (change, ()) = tokio::join!(
-                        self.rendezvous.change_behind_failure(),
-                        crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
-                    );
-                    Input::WorkerFailed { failure, change }
+                },
+                event = self.rendezvous.next_event() => Won::Input(match event {
+                    Ok(event) => {
+                        super::peer::log_change(&event, "membership changed");
+                        Input::Membership(event)
+                    }
+                    Err(e) => Input::Failed(e.into()),
+                }),
+                found = &mut hang => return Input::Hung(Box::new(found)),
+                line = super::links::LinkWatch::drained(self.links.as_mut()) => Won::Drain(Check::Network.name(), line),
+                line = straggling => Won::Drain("straggler", line),
+            };
+            match (won, on_hang) {
+                (Won::Input(input), Some(action))
+                    if underway.is_some_and(|u| u.get()) && super::hang::waits_for_verdict(&input) =>
+                {
+                    tracing::info!("the round moved while a hang is being judged here; waiting for its verdict");
+                    let found = tokio::time::timeout(crate::hang::INCIDENT_BOUND, &mut hang).await.ok();
+                    Won::Input(super::hang::after_verdict(input, found, action))
                 }
-            },
-            event = self.rendezvous.next_event() => match event {
-                Ok(event) => {
-                    super::peer::log_change(&event, "membership changed");
-                    Input::Membership(event)
-                }
-                Err(e) => Input::Failed(e.into()),
-            },
-            found = hang => Input::Hung(Box::new(found)),
-            line = super::links::LinkWatch::drained(self.links.as_mut()) => Input::Failed(self.drain_unhealthy(Check::Network.name(), line).await),
-            line = straggling => Input::Failed(self.drain_unhealthy("straggler", line).await),
+                (won, _) => won,
+            }
+        };
+        match won {
+            Won::Input(input) => input,
+            Won::Drain(kind, line) => Input::Failed(self.drain_unhealthy(kind, line).await),
         }
     }
 

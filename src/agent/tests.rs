@@ -348,6 +348,46 @@ fn a_hang_restarts_the_suspects_node_and_reforms_the_others_or_is_only_reported(
 }
 
 #[test]
+fn the_round_moving_while_a_hang_is_judged_waits_for_the_verdict_and_the_suspects_node_spends_its_restart() {
+    use crate::config::OnHang;
+    let moved = || Input::Membership(RdzvEvent::RoundChanged);
+    let failed_with_it = || Input::WorkerFailed { failure: failure(0), change: Some(RdzvEvent::RoundChanged) };
+    // (input, waits for the verdict)
+    let waits = [
+        (moved(), true),
+        (failed_with_it(), true),
+        (Input::Membership(RdzvEvent::Fenced { silent: std::time::Duration::from_secs(5) }), false),
+        (Input::Membership(RdzvEvent::PeerLost("b".into())), false),
+        (Input::WorkerFailed { failure: failure(0), change: Some(RdzvEvent::StoreOutage) }, false),
+        (Input::WorkerFailed { failure: failure(0), change: None }, false),
+    ];
+    for (input, want) in &waits {
+        assert_eq!(super::hang::waits_for_verdict(input), *want, "{}", input.name());
+    }
+    // (input, on-hang, verdict: suspect here / none in time, restarts spent once stopped)
+    let table = [
+        (moved(), OnHang::Restart, Some(true), 1),
+        (failed_with_it(), OnHang::Restart, Some(true), 1),
+        (moved(), OnHang::Restart, Some(false), 0),
+        (moved(), OnHang::Restart, None, 0),
+        (moved(), OnHang::Report, Some(true), 0),
+    ];
+    for (input, on_hang, here, spent) in table {
+        let case = format!("{} {on_hang:?} {here:?}", input.name());
+        let found = here.map(|h| match hung(h) {
+            Input::Hung(found) => *found,
+            _ => unreachable!("hung() is a hang"),
+        });
+        let mut state = State::new(Job { on_hang, ..job() });
+        state.phase = Phase::Running;
+        run(&mut state, vec![super::hang::after_verdict(input, found, on_hang)]);
+        assert_eq!(state.phase_name(), "stopping", "{case}");
+        run(&mut state, vec![Input::Stopped(Vec::new())]);
+        assert_eq!(state.restart_count, spent, "{case}");
+    }
+}
+
+#[test]
 fn warm_spares_are_worth_it_while_another_start_can_come() {
     // (max restarts, spent, multi-node) -> another start possible
     let table = [((1, 0, false), true), ((1, 1, false), false), ((0, 0, true), true), ((0, 0, false), false)];

@@ -12,6 +12,7 @@ pub mod progress;
 pub mod verdict;
 
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
@@ -37,6 +38,8 @@ pub const ENDPOINT_BOUND: Duration = Duration::from_millis(800);
 const SUMMARY_WAIT: Duration = Duration::from_secs(4);
 /// How long a node waits for group rank 0's verdict before judging alone.
 const VERDICT_WAIT: Duration = Duration::from_secs(9);
+/// How long one incident's handling may take: the capture, the summaries' round trips, the verdict wait.
+pub const INCIDENT_BOUND: Duration = Duration::from_secs(15);
 /// How often the local ranks are looked at: the progress files' modification times are read this often,
 /// so that the gap between two marks is measured to within it (the verdict compares ranks' last marks with
 /// half a typical gap).
@@ -125,6 +128,22 @@ pub struct Monitor {
     captures: u32,
     denied_said: bool,
     reports: Vec<Value>,
+    /// Set while an incident is being captured and judged (read by the watch that polls [`Monitor::next`]).
+    underway: Underway,
+}
+
+/// Whether the monitor is handling an incident, readable while its future is borrowed.
+#[derive(Debug, Clone, Default)]
+pub struct Underway(Arc<AtomicBool>);
+
+impl Underway {
+    pub fn get(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn set(&self, on: bool) {
+        self.0.store(on, Ordering::Release);
+    }
 }
 
 impl Monitor {
@@ -142,7 +161,12 @@ impl Monitor {
             captures: 0,
             denied_said: false,
             reports: Vec::new(),
+            underway: Underway::default(),
         }
+    }
+
+    pub fn underway(&self) -> Underway {
+        self.underway.clone()
     }
 
     /// Watches a new start of the group.
@@ -152,10 +176,12 @@ impl Monitor {
         self.armed = Some(armed);
         self.armed_at = Some(Instant::now());
         self.silence_said = false;
+        self.underway.set(false);
     }
 
     pub fn disarm(&mut self) {
         self.armed = None;
+        self.underway.set(false);
     }
 
     /// This node's ranks' last progress, for its heartbeat.
@@ -263,8 +289,16 @@ impl Monitor {
         Some(n.max(self.known + 1))
     }
 
-    /// Captures, summarises and judges incident `n`.
+    /// Handles incident `n`, flagged [`Underway`] meanwhile.
     async fn handle<S: Store>(&mut self, n: u64, board: Option<&HangBoard<S>>) -> Found {
+        self.underway.set(true);
+        let found = self.judge_incident(n, board).await;
+        self.underway.set(false);
+        found
+    }
+
+    /// Captures, summarises and judges incident `n`.
+    async fn judge_incident<S: Store>(&mut self, n: u64, board: Option<&HangBoard<S>>) -> Found {
         self.known = n;
         let Some(armed) = self.armed.as_ref() else {
             return std::future::pending().await;
