@@ -1,5 +1,5 @@
 //! This handle's session in etcd: one lease, kept alive by one message per third of its TTL on a keepalive
-//! stream (opened again on another member when it breaks), and the session
+//! stream (opened again on another member when it breaks, a second after a failure), and the session
 //! keys put on it. A keepalive answered without a TTL is etcd's only word that the lease is gone (it
 //! expired while this agent could not reach etcd): a new lease is granted and every session key put on
 //! it again, as the TCP store sets them again after a reconnect. Revoked when the handle is dropped, so
@@ -24,6 +24,12 @@ use crate::store::StoreError;
 type KeepAlives = (UnboundedSender<pb::LeaseKeepAliveRequest>, Streaming<pb::LeaseKeepAliveResponse>);
 
 const NOT_FOUND: i64 = Code::NotFound as i64;
+
+/// How soon a keepalive that failed is tried again. A member behind on applying its log refuses
+/// keepalives for as long as it is behind (etcd: "waiting for the applied index took too long"); with
+/// the next try a third of the TTL later, two refusals in a row lost the lease, and every key on it, in
+/// a round of thousands of nodes. A keepalive costs the member no write.
+const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 #[derive(Default)]
 struct State {
@@ -189,17 +195,46 @@ impl Session {
     }
 }
 
+/// How long after the last keepalive the next is sent: a third of the TTL, or [`RETRY_AFTER`] after a
+/// failure (never later than the third).
+fn next_keepalive(every: Duration, failed: bool) -> Duration {
+    match failed {
+        true => every.min(RETRY_AFTER),
+        false => every,
+    }
+}
+
 /// Keeps the lease alive until the session is gone. Failures are the cluster's to report (an outage is
 /// said once there); a lease that expired meanwhile is replaced by `refresh`.
 async fn keep_alive(session: std::sync::Weak<Session>) {
     let mut stream = None;
+    let mut failed = false;
     loop {
         let Some(every) = session.upgrade().map(|s| s.ttl / 3) else { return };
-        tokio::time::sleep(every).await;
+        tokio::time::sleep(next_keepalive(every, failed)).await;
         let Some(s) = session.upgrade() else { return };
-        if let Err(e) = s.refresh(&mut stream).await {
-            stream = None;
-            tracing::debug!("etcd lease keepalive: {e}");
+        failed = match s.refresh(&mut stream).await {
+            Ok(()) => false,
+            Err(e) => {
+                stream = None;
+                tracing::debug!("etcd lease keepalive: {e}");
+                true
+            }
+        };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failed_keepalive_is_retried_within_a_second() {
+        let s = Duration::from_secs;
+        // (a third of the TTL, the last one failed) -> the next in
+        let table = [((s(5), false), s(5)), ((s(5), true), s(1)), ((Duration::from_millis(700), true), Duration::from_millis(700))];
+        for ((every, failed), want) in table {
+            assert_eq!(next_keepalive(every, failed), want, "{every:?} {failed}");
         }
     }
 }
