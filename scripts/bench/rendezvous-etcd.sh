@@ -97,6 +97,18 @@ run_bench() {
     "$MUSTER" bench rendezvous --timeout "$TIMEOUT" --json "$@" >"$work/run.json" 2>"$work/run.err"
 }
 
+# why_failed: what went wrong in the last run: the bench's error, or, where it sealed (its report written),
+# the membership events nodes saw after the seal (not a clean round).
+why_failed() {
+    if [ -s "$work/run.json" ]; then
+        printf 'sealed in %.1f ms, then %s' "$(field "$work/run.json" total_ms)" "$("$MUSTER_PYTHON" -c 'import json, sys
+p = json.load(open(sys.argv[1]))["problems"]
+print(f"{len(p)} problem(s): {p[0]}")' "$work/run.json")"
+    else
+        tail -n 1 "$work/run.err"
+    fi
+}
+
 for s in "${!stores[@]}"; do
     label="${stores[$s]%%|*}"
     open_store "$s"
@@ -114,12 +126,8 @@ for s in "${!stores[@]}"; do
                     "$label" "$n" "$i" "$RUNS" "$(field "$work/run.json" total_ms)" "$(field "$work/run.json" register_ms)" \
                     "$(field "$work/run.json" join_ms)" "$(cut -d' ' -f1 /proc/loadavg)" \
                     "$(field "$work/run.json" ops_per_node.mean)" "$req"
-            elif [ -s "$work/run.json" ]; then
-                # Sealed, but a node saw a membership event after the seal: not a clean round.
-                printf '  %-22s N=%-5s run %d/%d: FAILED: sealed in %.1f ms, then %s\n' "$label" "$n" "$i" "$RUNS" \
-                    "$(field "$work/run.json" total_ms)" "$("$MUSTER_PYTHON" -c 'import json,sys; p=json.load(open(sys.argv[1]))["problems"]; print(f"{len(p)} problem(s): {p[0]}")' "$work/run.json")"
             else
-                printf '  %-22s N=%-5s run %d/%d: FAILED: %s\n' "$label" "$n" "$i" "$RUNS" "$(tail -n 1 "$work/run.err")"
+                printf '  %-22s N=%-5s run %d/%d: FAILED: %s\n' "$label" "$n" "$i" "$RUNS" "$(why_failed)"
             fi
         done
     done
@@ -156,7 +164,7 @@ for s in "${!stores[@]}"; do
         printf '  %-22s store ops/node/s %.3f, etcd requests/node/s %s\n' "$label" \
             "$(field "$work/run.json" steady.store_ops_per_node_per_s)" "$req"
     else
-        printf '  %-22s FAILED: %s\n' "$label" "$(tail -n 1 "$work/run.err")"
+        printf '  %-22s FAILED: %s\n' "$label" "$(why_failed)"
     fi
     close_store
 done
