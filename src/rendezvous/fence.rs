@@ -112,10 +112,30 @@ impl Link {
         self.broken = true;
     }
 
+    /// This node's round was sealed after `unsealed_at` (it saw the round unsealed then, or sent then the
+    /// record the sealer read), and a request sent at `asked_at`, after the seal, was answered. No beat runs
+    /// while a node joins, and no member watches this node's beats from before the seal, so until the
+    /// round's first beat is acknowledged the fence runs from `unsealed_at` as from a beat: never later than
+    /// the others' earliest eviction. A join whose requests failed leaves the link sound from `asked_at`.
+    pub(super) fn joined(&mut self, unsealed_at: Instant, asked_at: Instant) {
+        self.beat_acked = self.beat_acked.max(unsealed_at);
+        if self.broken {
+            self.unbroken_since = asked_at;
+            self.broken = false;
+        }
+        self.acked = self.acked.max(asked_at);
+    }
+
+    /// Whether the store answers this node: no round trip failed since the last acknowledged one, sent
+    /// within a beat's period and its bound.
+    pub(super) fn answering(&self, now: Instant, t: &Timing) -> bool {
+        !self.broken && now.saturating_duration_since(self.acked) <= t.quiet_max()
+    }
+
     /// Whether this node has evidence that a peer is gone: its own round trips were acknowledged throughout
     /// the last window and are still. A node whose own requests failed knows the store was the problem.
     pub(super) fn may_evict(&self, now: Instant, t: &Timing) -> bool {
-        !self.broken && self.unbroken_since + t.window <= now && now.saturating_duration_since(self.acked) <= t.quiet_max()
+        self.unbroken_since + t.window <= now && self.answering(now, t)
     }
 
     /// When a peer that looked lost while this node's link was broken may be judged.
@@ -167,8 +187,10 @@ pub(super) async fn cut_off<S: Store>(link: SharedLink, store: Arc<S>, t: Timing
         if reach == Reach::NoPath && link.get().fence_at(&t) <= Instant::now() {
             return link.get();
         }
-        // A refusal is a store that ended: the watch of the round says what that means (`ending.rs`).
-        if !held && reach == Reach::Path && link.get().fence_at(&t) <= Instant::now() {
+        // A refusal is a store that ended: the watch of the round says what that means (`ending.rs`). A
+        // store that answers has a beat on its way (a round's first, after a long join).
+        let now = Instant::now();
+        if !held && reach == Reach::Path && link.get().fence_at(&t) <= now && !link.get().answering(now, &t) {
             held = true;
             // INFO: the store's client has said the outage already.
             tracing::info!(
@@ -249,6 +271,16 @@ mod tests {
         // from the ping.
         link.ack(at(8.0), false);
         assert_eq!((link.fence_at(&t), link.fenced_from(&t)), (at(9.0), at(10.0)));
+        // Joined after a long wait: the fence runs from when the round was last seen unsealed, the link is
+        // sound again from the answered request after the seal.
+        link.fail();
+        link.joined(at(20.0), at(30.0));
+        assert_eq!((link.fence_at(&t), link.broken), (at(22.0), false));
+        assert!(link.answering(at(30.5), &t) && !link.may_evict(at(30.5), &t), "answering, but not for a window");
+        link.ack(at(32.5), true);
+        assert!(link.may_evict(at(33.0), &t), "a window after the answer, beats acknowledged");
+        link.joined(at(10.0), at(11.0));
+        assert_eq!((link.fence_at(&t), link.acked, link.unbroken_since), (at(34.5), at(32.5), at(30.0)), "never back");
         let registered = Link::new(at(10.0), &t);
         assert!(registered.may_evict(at(10.0), &t), "registering was a round trip: a death right after is believed");
     }

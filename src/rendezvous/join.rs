@@ -69,13 +69,25 @@ fn join_check(max_nodes: u32, jitter: f64) -> Duration {
 
 const JOIN_CHECK_MAX: Duration = Duration::from_secs(60);
 
+/// The slot this node holds in a round, and when it sent the record there (the round was not sealed yet:
+/// the sealer reads every member's record).
+#[derive(Debug, Clone, Copy)]
+struct Taken {
+    round: u64,
+    slot: i64,
+    recorded_at: Instant,
+}
+
 /// A spare's wait for the next round or the job's end, re-armed: it has no deadline while the job runs at its
 /// maximum size, but every store wait needs one.
 const SPARE_WAIT: Duration = Duration::from_secs(3600);
 
 /// How a join of one round ended.
 enum Joined {
-    Member(RoundInfo),
+    /// In the sealed round. `unsealed_at`: a moment this node knows the round was not yet sealed (no other
+    /// member watches it from before then); `asked_at`: when the request that read its assignment, answered,
+    /// was sent.
+    Member { info: RoundInfo, unsealed_at: Instant, asked_at: Instant },
     /// Sealed without this node: wait as a spare for the next round.
     Spare,
     /// The round counter moved on before the seal: join the new round.
@@ -97,6 +109,8 @@ impl<S: Store> Rendezvous<S> {
         let start = Instant::now();
         let deadline = start + self.settings.join_timeout;
         self.current = None;
+        // Nobody watches a joiner's beats: none are written until the round is sealed.
+        self.in_round.send_replace(false);
         let mut retry = self.retry("joining");
         let mut taken = None;
         let mut reconnected = false;
@@ -111,6 +125,10 @@ impl<S: Store> Rendezvous<S> {
                     reconnected = false;
                 }
                 Err(e) => {
+                    // The link the fence judges is the join's while no beat runs (`Link::joined`).
+                    if super::retry::is_connection_error(&e) {
+                        self.link.lock().fail();
+                    }
                     retry.after(e).await?;
                     reconnected = true;
                 }
@@ -122,7 +140,7 @@ impl<S: Store> Rendezvous<S> {
     /// spare's wait ended (join the next one). `taken`: the slot this node holds, kept across tries.
     /// `reconnected`: the last try failed on the connection, so the store may be a restarted one that lost
     /// the launch fingerprint.
-    async fn join_once(&mut self, deadline: Instant, taken: &mut Option<(u64, i64)>, reconnected: bool) -> Result<Option<RoundInfo>, RdzvError> {
+    async fn join_once(&mut self, deadline: Instant, taken: &mut Option<Taken>, reconnected: bool) -> Result<Option<RoundInfo>, RdzvError> {
         if reconnected {
             self.alive_fresh = false;
             self.publish_fingerprint().await?;
@@ -133,13 +151,18 @@ impl<S: Store> Rendezvous<S> {
         }
         self.refuse_a_lemon().await?;
         let (raw, round, expected) = super::round_counter(read.next().flatten());
-        let slot = match *taken {
-            Some((r, slot)) if r == round && self.holds_slot(round, slot).await? => slot,
-            _ => self.take_slot(round).await?,
+        let held = match *taken {
+            Some(held) if held.round == round && self.holds_slot(round, held.slot).await? => held,
+            _ => {
+                let recorded_at = Instant::now();
+                Taken { round, slot: self.take_slot(round).await?, recorded_at }
+            }
         };
-        *taken = Some((round, slot));
-        match self.await_seal(round, slot, expected, deadline).await? {
-            Joined::Member(info) => {
+        *taken = Some(held);
+        match self.await_seal(held, expected, deadline).await? {
+            Joined::Member { info, unsealed_at, asked_at } => {
+                self.link.lock().joined(unsealed_at, asked_at);
+                self.in_round.send_replace(true);
                 // A write to the store's log: only when there is something to delete.
                 if std::mem::take(&mut self.listed_waiting) {
                     let _ = self.store.delete(&self.key(&format!("waiting/{}", self.me.id))).await;
@@ -192,7 +215,9 @@ impl<S: Store> Rendezvous<S> {
     /// Waits for `round`'s seal, sealing it when it is due. The node that completes the round (MAX, or the
     /// `expected` of a re-formation) seals it at once; from MIN on, the last call starts, and whoever sees it
     /// end seals.
-    async fn await_seal(&self, round: u64, slot: i64, expected: Option<u32>, deadline: Instant) -> Result<Joined, RdzvError> {
+    async fn await_seal(&self, taken: Taken, expected: Option<u32>, deadline: Instant) -> Result<Joined, RdzvError> {
+        let Taken { round, slot, recorded_at } = taken;
+        let mut unsealed_at = recorded_at;
         let sealed_key = self.key(&format!("r/{round}/sealed"));
         let min = i64::from(self.settings.min_nodes);
         let full = |joined: i64| self.full(joined, expected);
@@ -230,11 +255,14 @@ impl<S: Store> Rendezvous<S> {
                 _ => now + join_check(self.settings.max_nodes, super::retry::jitter(now)),
             };
             if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
+                let asked_at = Instant::now();
                 return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
-                    Some(assignment) => Ok(Joined::Member(RoundInfo::decode(round, &assignment)?)),
+                    Some(assignment) => Ok(Joined::Member { info: RoundInfo::decode(round, &assignment)?, unsealed_at, asked_at }),
                     None => Ok(Joined::Spare),
                 };
             }
+            // The wait read the key absent after it began.
+            unsealed_at = now;
             let mut read = self.read_keys(&look).await?.into_iter();
             if super::round_counter(read.next().flatten()).1 != round {
                 return Ok(Joined::Moved);
@@ -309,9 +337,12 @@ impl<S: Store> Rendezvous<S> {
             assignments.push((self.key(&format!("r/{round}/a/{}", record.slot)), info.encode()));
             base_global_rank += record.node.nproc;
         }
-        // Assignments first: a node woken by the seal reads its own at once.
+        // Assignments and the members first: a node woken by the seal reads its own at once. The seal itself
+        // is a few bytes: every joiner waits for it, and etcd sends each waiter the value with the event (the
+        // members of 4096 nodes to each of them: half a gigabyte).
         self.store.multi_set(&assignments).await?;
-        self.store.set(&self.key(&format!("r/{round}/sealed")), &Seal { members }.encode()).await?;
+        self.store.set(&self.key(&format!("r/{round}/members")), &Seal { members }.encode()).await?;
+        self.store.set(&self.key(&format!("r/{round}/sealed")), n.to_string().as_bytes()).await?;
         Ok(SealAttempt::Sealed)
     }
 
@@ -366,7 +397,7 @@ impl<S: Store> Rendezvous<S> {
 
     async fn try_open_next_round(&self) -> Result<(), RdzvError> {
         let Some(current) = &self.current else { return Ok(()) };
-        let Some(seal) = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await? else {
+        let Some(seal) = self.store.get(&self.key(&format!("r/{}/members", current.round))).await? else {
             // A restarted store lost the round: there is nothing to open, the join finds what the store has.
             tracing::info!("the rendezvous store no longer has round {} (restarted?); joining afresh", current.round);
             return Ok(());

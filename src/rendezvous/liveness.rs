@@ -5,6 +5,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::fence::{cut_off, Link, SharedLink, Timing};
@@ -33,7 +34,8 @@ impl<S: Store> Rendezvous<S> {
         self.alive_fresh = true;
         *self.link.lock() = Link::new(Instant::now(), &self.timing);
         let key = self.key(&format!("hb/{}", self.me.id));
-        let task = heartbeats(self.store.clone(), key, self.link.clone(), self.timing, self.settings.keep_alive_interval, self.note.clone(), self.pace.clone());
+        let beat = Beat { key, interval: self.settings.keep_alive_interval, note: self.note.clone(), pace: self.pace.clone() };
+        let task = heartbeats(self.store.clone(), beat, self.link.clone(), self.timing, self.in_round.subscribe());
         self.heartbeat = Some(tokio::spawn(task));
         Ok(())
     }
@@ -309,7 +311,7 @@ impl<S: Store> Rendezvous<S> {
     }
 
     async fn watch_again(&mut self, current: &RoundInfo) -> Result<Option<RdzvEvent>, RdzvError> {
-        let seal = self.store.get(&self.key(&format!("r/{}/sealed", current.round))).await?;
+        let seal = self.store.get(&self.key(&format!("r/{}/members", current.round))).await?;
         // Another member may already be re-forming in a restarted store, in a round of the same number: the
         // seal is this round's only if it lists this node.
         let mine = match seal {
@@ -394,36 +396,57 @@ impl<S: Store> Rendezvous<S> {
     }
 }
 
-/// The heartbeat task: a beat (`hb/<me>`, a new value the others hear) once per `interval`, bounded by
-/// `request_bound` (past it the connection is replaced); while the link is broken, a ping every
-/// `probe_every` between beats, so that its return is seen at once. A sound link costs the store one
-/// request per interval. Each acknowledgement, and each failure, goes into `link`.
-async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: Timing, interval: Duration, note: BeatNote, pace: PaceNote) {
-    let interval_ms = Some(interval.as_millis() as u64);
-    let mut beat: u64 = 0;
+/// What a beat writes: this node's `hb/` key, once per `interval`, with the local ranks' progress and pace.
+struct Beat {
+    key: String,
+    interval: Duration,
+    note: BeatNote,
+    pace: PaceNote,
+}
+
+/// The heartbeat task: while this node is in a sealed round (`in_round`), a beat (`hb/<me>`, a new value the
+/// others hear) once per interval, bounded by `request_bound` (past it the connection is
+/// replaced); while the link is broken, a ping every `probe_every` between beats, so that its return is seen
+/// at once. A sound link costs the store one request per interval. While joining, nothing: nobody watches a
+/// joiner's beats, and the beats of thousands of nodes in a long round were most of the store's writes,
+/// which made the round longer still (the fence's reference over a join is the join's own, see
+/// `Link::joined`). Each acknowledgement, and each failure, goes into `link`.
+async fn heartbeats<S: Store>(store: Arc<S>, beat: Beat, link: SharedLink, t: Timing, mut in_round: watch::Receiver<bool>) {
+    let interval_ms = Some(beat.interval.as_millis() as u64);
+    let mut count: u64 = 0;
     let mut last_beat: Option<Instant> = None;
     // Said once per run of failures: an outage of the store is not a line every second.
     let mut failing = false;
     loop {
+        if !*in_round.borrow_and_update() {
+            if in_round.wait_for(|&joined| joined).await.is_err() {
+                return;
+            }
+            // The round's first beat is due a period after the join's reference, which stands for a beat
+            // (`Link::joined`): at once after a long wait, else spread over the period rather than thousands
+            // of nodes' beats at the moment of the seal.
+            last_beat = Some(link.lock().beat_acked);
+            continue;
+        }
         let sent = Instant::now();
-        let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= interval);
+        let due = last_beat.is_none_or(|t| sent.saturating_duration_since(t) >= beat.interval);
         if !due && !link.lock().broken {
-            tokio::time::sleep_until(sent + t.probe_every).await;
+            pause(sent + t.probe_every, &mut in_round).await;
             continue;
         }
         let result = if due {
-            let progress = note.lock().map(|p| p.clone()).unwrap_or_default();
-            let pace = pace.lock().map(|p| p.clone()).unwrap_or_default();
-            let value = Heartbeat { beat: beat + 1, at_ms: unix_ms(), interval_ms, progress, pace }.encode();
-            store.beat(&key, &value, t.request_bound).await
+            let progress = beat.note.lock().map(|p| p.clone()).unwrap_or_default();
+            let pace = beat.pace.lock().map(|p| p.clone()).unwrap_or_default();
+            let value = Heartbeat { beat: count + 1, at_ms: unix_ms(), interval_ms, progress, pace }.encode();
+            store.beat(&beat.key, &value, t.request_bound).await
         } else {
-            store.ping(&key, t.request_bound).await
+            store.ping(&beat.key, t.request_bound).await
         };
         match result {
             Ok(()) => {
                 link.lock().ack(sent, due);
                 if due {
-                    beat += 1;
+                    count += 1;
                     last_beat = Some(sent);
                 }
                 if failing {
@@ -443,7 +466,16 @@ async fn heartbeats<S: Store>(store: Arc<S>, key: String, link: SharedLink, t: T
                 failing = true;
             }
         }
-        tokio::time::sleep_until(sent + t.probe_every).await;
+        pause(sent + t.probe_every, &mut in_round).await;
+    }
+}
+
+/// Sleeps until `until`, or less when this node leaves or enters a round (a new round's first beat goes at
+/// once).
+async fn pause(until: Instant, in_round: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        () = tokio::time::sleep_until(until) => {}
+        Ok(()) = in_round.changed() => {}
     }
 }
 

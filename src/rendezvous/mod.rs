@@ -5,8 +5,9 @@
 //! - a join takes a slot from an atomic counter (`r/<R>/slot`) and writes its own record (`r/<R>/m/<slot>`);
 //! - the round is sealed once, by whoever holds the `r/<R>/sealer` lock, when `max` nodes have joined, when
 //!   every node expected by a re-formation has joined, or when the last call after `min` ends; the sealer
-//!   writes each member's assignment (`r/<R>/a/<slot>`: its ranks and ring neighbours, O(1) bytes) and then
-//!   the seal (`r/<R>/sealed`, the members in group-rank order, read only to re-form);
+//!   writes each member's assignment (`r/<R>/a/<slot>`: its ranks and ring neighbours, O(1) bytes), the
+//!   members in group-rank order (`r/<R>/members`, read only to re-form) and then the seal (`r/<R>/sealed`,
+//!   their count: what every joiner waits for, so O(1) bytes too);
 //! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
 //!   connection closes (or the server's TCP keepalive gives up on a vanished host); each member watches the
 //!   next two members in rank order and opens the next round when one dies, so detection costs O(1) per node;
@@ -184,8 +185,10 @@ pub struct Rendezvous<S: Store> {
     /// Restarts this node has spent, written in its record of each round it joins.
     restarts: u32,
     current: Option<RoundInfo>,
-    /// Writes `hb/<me>` every `keep_alive_interval` for the agent's lifetime (aborted on drop).
+    /// Writes `hb/<me>` every `keep_alive_interval` while this node is in a sealed round (aborted on drop).
     heartbeat: Option<tokio::task::JoinHandle<()>>,
+    /// Whether this node is in a sealed round (its heartbeat task beats) or joining one (it does not).
+    in_round: tokio::sync::watch::Sender<bool>,
     /// The members whose liveness this node checks, whether a beat of theirs was heard (their `hb/` key's
     /// watch event) since the last check, and how many checks in a row heard none.
     neighbours: Vec<(String, bool, u32)>,
@@ -236,6 +239,7 @@ impl<S: Store> Rendezvous<S> {
         Rendezvous {
             store: Arc::new(store),
             heartbeat: None,
+            in_round: tokio::sync::watch::Sender::new(false),
             neighbours: Vec::new(),
             link: fence::SharedLink::new(&timing),
             timing,

@@ -492,6 +492,24 @@ pub(super) mod shared {
         tokio::time::timeout(Duration::from_secs(20), bounded).await.expect("re-formed instead of hanging");
     }
 
+    /// A joiner writes no heartbeat until its round is sealed (nobody watches a joiner's beats, and the beats
+    /// of thousands of joiners were most of a long round's writes); in the round it beats.
+    async fn a_joiner_beats_only_once_its_round_is_sealed<B: Backend>(b: B) {
+        let a = agent(&b, "a", 1, settings(2, 2)).await;
+        let observer = b.connect().await;
+        let beat = a.key("hb/a");
+        let record = a.key("r/0/m/1");
+        let joining = tokio::spawn(join_all(vec![a]));
+        assert!(observer.wait(&record, Duration::from_secs(10)).await.expect("wait"), "joining");
+        // Long enough for beats to show, were any written.
+        tokio::time::sleep(settings(2, 2).keep_alive_interval * 2).await;
+        assert_eq!(observer.get(&beat).await.expect("get"), None, "no beat while joining");
+        let c = agent(&b, "c", 1, settings(2, 2)).await;
+        let (mut first, others) = tokio::join!(joining, join_all(vec![c]));
+        assert!(first.as_mut().is_ok_and(|j| j.len() == 1) && others.len() == 1, "both in the round");
+        assert!(observer.wait(&beat, Duration::from_secs(10)).await.expect("wait"), "a beat in the round");
+    }
+
     async fn too_few_nodes_time_out_and_closed_jobs_refuse<B: Backend>(b: B) {
         let mut s = settings(2, 2);
         s.join_timeout = Duration::from_millis(500);
@@ -542,6 +560,7 @@ pub(super) mod shared {
         a_different_nnodes_is_refused,
         a_joiner_that_fills_max_reforms_at_once,
         requests_dropped_midway_leave_the_group_able_to_reform,
+        a_joiner_beats_only_once_its_round_is_sealed,
         too_few_nodes_time_out_and_closed_jobs_refuse
     );
 }

@@ -107,7 +107,9 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
     let kept_out = read_kept_out(store, &prefix, &fingerprint.exclude_after).await?;
     let mut sealed = None;
     for r in [Some(round), round.checked_sub(1)].into_iter().flatten() {
-        if let Some(seal) = store.get(&key(&format!("r/{r}/sealed"))).await? {
+        // The members are written before the seal: a round is sealed once its `sealed` key is there.
+        let read = store.multi_get(&[key(&format!("r/{r}/sealed")), key(&format!("r/{r}/members"))]).await?;
+        if let [Some(_), Some(seal)] = read.as_slice() {
             sealed = Some((r, Seal::decode(&seal)?));
             break;
         }
@@ -267,8 +269,10 @@ mod tests {
         assert_eq!(v.members.iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), order);
         let bb = v.members.iter().find(|m| m.id == "bb").expect("bb");
         assert_eq!((bb.addr.as_deref(), bb.nproc, bb.restarts), (Some("10.0.0.2"), Some(2), Some(2)));
-        assert!(v.members.iter().all(|m| m.alive && !m.joining && !m.waiting && m.heartbeat.as_ref().is_some_and(|h| h.at_ms.is_some())));
+        assert!(v.members.iter().all(|m| m.alive && !m.joining && !m.waiting));
         assert!(v.others.is_empty());
+        // A member's first beat of the round comes within a beat's period of the seal.
+        until(&store, |v| v.members.iter().all(|m| m.heartbeat.as_ref().is_some_and(|h| h.at_ms.is_some()))).await;
 
         // A fourth node finds the group full: a spare.
         let mut spare = agent(&store, "dddd", 0).await;

@@ -21,7 +21,6 @@ pub(crate) mod testing;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -204,11 +203,12 @@ impl Store for EtcdStore {
         }
     }
 
-    /// One read (the watch's own, which gives its start) and a watcher on the handle's stream.
+    /// A watcher on the handle's stream, created before the key is read: a write after the read is an
+    /// event.
     async fn wait(&self, key: &str, timeout: Duration) -> Result<bool, StoreError> {
         let deadline = Instant::now() + timeout;
-        let (mut events, present) = self.follow(&[WatchTarget::Key(key.to_string())]).await?;
-        if present {
+        let mut events = self.follow(&[WatchTarget::Key(key.to_string())]).await?;
+        if self.range_keys(&self.full(key)).await?.is_some() {
             return Ok(true);
         }
         #[cfg(test)]
@@ -287,37 +287,39 @@ impl Store for EtcdStore {
     }
 
     async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
-        Ok(self.follow(targets).await?.0)
+        self.follow(targets).await
     }
 }
 
 impl EtcdStore {
-    /// One read of every target (`read_all`) gives the revision each watcher starts after, so every write
-    /// after this call returns is delivered; also whether any target had a key then.
-    async fn follow(&self, targets: &[WatchTarget]) -> Result<(mpsc::UnboundedReceiver<WatchEvent>, bool), StoreError> {
+    /// Watchers of `targets` on the handle's stream, from now: returns once etcd has created them, so every
+    /// write after this call returns (and any since their creation) is delivered. No read: the callers read
+    /// what they need after (as etcd's own client, which resumes each watcher after the revision it was
+    /// created at).
+    async fn follow(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
         let (tx, rx) = mpsc::unbounded_channel();
         if targets.is_empty() {
-            return Ok((rx, false));
+            return Ok(rx);
         }
-        let wanted: Vec<Target> = targets
+        let wanted = targets
             .iter()
             .map(|t| match t {
-                WatchTarget::Key(k) => Target { key: self.full(k), prefix: false, known: HashSet::new() },
-                WatchTarget::Prefix(p) => Target { key: self.full(p), prefix: true, known: HashSet::new() },
+                WatchTarget::Key(k) => Target::new(self.full(k), false),
+                WatchTarget::Prefix(p) => Target::new(self.full(p), true),
             })
             .collect();
-        let reads = wanted.iter().map(|t| wire::range(&t.key, t.prefix, true)).collect();
-        let replies = self.read_all(reads).await?;
-        let started: Vec<(Target, i64)> = wanted
-            .into_iter()
-            .zip(replies)
-            .map(|(mut target, (read, revision))| {
-                target.known = read.kvs.into_iter().map(|kv| kv.key).collect();
-                (target, revision + 1)
-            })
-            .collect();
-        let present = started.iter().any(|(t, _)| !t.known.is_empty());
-        self.watches.add(started, tx);
-        Ok((rx, present))
+        let (created, done) = tokio::sync::oneshot::channel();
+        self.watches.add(wanted, tx, created);
+        match timeout_at(Instant::now() + self.timeout, done).await {
+            Ok(Ok(())) => Ok(rx),
+            Ok(Err(_)) => Err(self.cluster.unreachable(path::WATCH, "the watch stream failed before etcd created the watch".into())),
+            Err(_) => Err(self.cluster.unreachable(path::WATCH, format!("etcd did not create the watch within {:?}", self.timeout))),
+        }
+    }
+
+    /// Whether `key` exists (a read of the key alone, no value).
+    async fn range_keys(&self, key: &[u8]) -> Result<Option<pb::KeyValue>, StoreError> {
+        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(key, false, true)).await?;
+        Ok(wire::first(reply))
     }
 }

@@ -1,8 +1,13 @@
 //! This handle's watches: one gRPC watch stream per handle, as etcd's own clients keep, carrying every
-//! watch of every caller (a watcher each per key or prefix, named by an id this side picks). A caller's
-//! channel closing cancels its watchers; a stream that breaks is opened again at another member with each
-//! watcher resumed after the last revision it delivered, so no write is missed or delivered twice; a
-//! watcher whose revision was compacted away re-reads its key or prefix and reports what changed. When no
+//! watch of every caller (a watcher each per key or prefix, named by an id this side picks). A watcher starts
+//! at the store's current revision, and its caller is told once etcd has created every watcher it asked
+//! for: each write after that is delivered. (One asked to start at an earlier revision is "unsynced":
+//! etcd replays the history since then to it, 512 watchers a pass, each pass reading every write since the
+//! oldest start; thousands of nodes watching their round at once made those passes most of a member's
+//! work.) A caller's channel closing cancels its watchers; a stream that breaks is opened again at another
+//! member with each watcher resumed after the last revision it delivered (or the one it was created at), so
+//! no write is missed or delivered twice; a watcher whose revision was compacted away re-reads its key or
+//! prefix and reports what changed. When no
 //! member takes the stream back, every caller's channel closes: the store is lost. A stream silent for a
 //! third of the lease's TTL is asked for a progress notification (answered by the member alone, no raft
 //! round), and one that does not answer within another third is opened again elsewhere: a stream carries
@@ -16,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::sync::oneshot;
 use tokio::task::{AbortHandle, JoinSet};
 use tokio::time::Instant;
 use tonic::codec::Streaming;
@@ -25,12 +31,18 @@ use super::pb::{self, path, WatchRequest, WatchResponse};
 use super::wire;
 use crate::store::{StoreError, WatchEvent, WatchEventKind};
 
-/// One key or prefix to follow, and the keys under it known to exist at the revision it starts after.
+/// One key or prefix to follow, and the keys under it its events have shown to exist.
 #[derive(Debug, Clone)]
 pub(super) struct Target {
     pub key: Vec<u8>,
     pub prefix: bool,
     pub known: HashSet<Vec<u8>>,
+}
+
+impl Target {
+    pub(super) fn new(key: Vec<u8>, prefix: bool) -> Target {
+        Target { key, prefix, known: HashSet::new() }
+    }
 }
 
 /// Turns etcd's keys into the caller's (the namespace taken off).
@@ -45,10 +57,11 @@ impl Namer {
     }
 }
 
-/// Targets to follow from their revisions, with the channel their events go to.
+/// Targets to follow from now, the channel their events go to, and who is told once they are created.
 struct Add {
-    targets: Vec<(Target, i64)>,
+    targets: Vec<Target>,
     tx: UnboundedSender<WatchEvent>,
+    created: oneshot::Sender<()>,
 }
 
 /// The handle's side of its watch stream; dropping it ends the stream.
@@ -63,17 +76,19 @@ impl Watches {
         Watches { adds }
     }
 
-    /// Follows `targets`, each from its revision, into `tx`.
-    pub(super) fn add(&self, targets: Vec<(Target, i64)>, tx: UnboundedSender<WatchEvent>) {
+    /// Follows `targets` from now into `tx`; `created` is sent once etcd has created every watcher (each
+    /// write after that reaches `tx`), and dropped when the stream fails first.
+    pub(super) fn add(&self, targets: Vec<Target>, tx: UnboundedSender<WatchEvent>, created: oneshot::Sender<()>) {
         // A hub that ended drops `tx` with the message: the caller's channel closes, as for a lost store.
-        let _ = self.adds.send(Add { targets, tx });
+        let _ = self.adds.send(Add { targets, tx, created });
     }
 }
 
 struct Watcher {
     caller: u64,
     target: Target,
-    /// The revision to resume from: one past the last event delivered.
+    /// The revision to resume from: one past the last event delivered, or past the revision etcd created
+    /// the watcher at; 0 (from now) until etcd has said it created it.
     next: i64,
     #[cfg(test)]
     created: Option<super::testing::Gauge>,
@@ -82,6 +97,8 @@ struct Watcher {
 struct Caller {
     tx: UnboundedSender<WatchEvent>,
     ids: Vec<i64>,
+    /// Told once every watcher of the caller is created (taken then).
+    created: Option<oneshot::Sender<()>>,
     /// The task that says when the caller dropped its channel.
     closing: AbortHandle,
 }
@@ -149,15 +166,15 @@ impl Hub {
         self.next_caller += 1;
         let mut creates = Vec::new();
         let mut ids = Vec::new();
-        for (target, next) in add.targets {
+        for target in add.targets {
             let id = self.next_id;
             self.next_id += 1;
-            creates.push(wire::watch_create(&target.key, target.prefix, next, id));
+            creates.push(wire::watch_create(&target.key, target.prefix, 0, id));
             ids.push(id);
             #[cfg(test)]
-            let target = Watcher { caller, target, next, created: None };
+            let target = Watcher { caller, target, next: 0, created: None };
             #[cfg(not(test))]
-            let target = Watcher { caller, target, next };
+            let target = Watcher { caller, target, next: 0 };
             self.watchers.insert(id, target);
         }
         let tx = add.tx.clone();
@@ -165,7 +182,7 @@ impl Hub {
             tx.closed().await;
             caller
         });
-        self.callers.insert(caller, Caller { tx: add.tx, ids, closing });
+        self.callers.insert(caller, Caller { tx: add.tx, ids, created: Some(add.created), closing });
         let sent = self.stream.as_ref().is_some_and(|(tx, _)| creates.into_iter().all(|c| tx.send(c).is_ok()));
         if !sent {
             self.reopen("not open").await;
@@ -212,11 +229,10 @@ impl Hub {
 
     async fn on_reply(&mut self, reply: WatchResponse) {
         let id = reply.watch_id;
-        let Some(watcher) = self.watchers.get_mut(&id) else { return };
-        #[cfg(test)]
         if reply.created && !reply.canceled {
-            watcher.created.get_or_insert_with(|| super::testing::Gauge::enter(&self.cluster.watching));
+            self.created(id, wire::revision(reply.header.as_ref()));
         }
+        let Some(watcher) = self.watchers.get_mut(&id) else { return };
         let mut gone = false;
         if let Some(caller) = self.callers.get(&watcher.caller) {
             for e in &reply.events {
@@ -243,6 +259,23 @@ impl Hub {
         }
     }
 
+    /// etcd created watcher `id` at `revision`: it resumes after it; its caller is told once every watcher
+    /// it asked for is created (a resumed one was created before).
+    fn created(&mut self, id: i64, revision: i64) {
+        let Some(w) = self.watchers.get_mut(&id) else { return };
+        #[cfg(test)]
+        w.created.get_or_insert_with(|| super::testing::Gauge::enter(&self.cluster.watching));
+        if w.next == 0 {
+            w.next = revision + 1;
+        }
+        let Some(caller) = self.callers.get_mut(&w.caller) else { return };
+        if caller.ids.iter().all(|id| self.watchers.get(id).is_some_and(|w| w.next != 0)) {
+            if let Some(created) = caller.created.take() {
+                let _ = created.send(());
+            }
+        }
+    }
+
     /// A watcher whose revision was compacted: its key or prefix read again, what changed reported, and the
     /// watcher created again after the read.
     async fn catch_up(&mut self, id: i64) {
@@ -257,7 +290,13 @@ impl Hub {
         };
         let revision = wire::revision(now.header.as_ref());
         let present: HashSet<Vec<u8>> = now.kvs.into_iter().map(|kv| kv.key).collect();
-        for gone in w.target.known.difference(&present) {
+        // A key watched since before the gap and absent after it went in it, as far as anyone can tell (its
+        // events since the watch began are all this side knows of a key).
+        let gone: Vec<&Vec<u8>> = match prefix {
+            true => w.target.known.difference(&present).collect(),
+            false => Some(&key).filter(|_| present.is_empty()).into_iter().collect(),
+        };
+        for gone in gone {
             let _ = c.tx.send(self.namer.event(true, gone));
         }
         for key in &present {
