@@ -11,8 +11,9 @@
 //! - liveness comes from a session-bound key per agent (`alive/<node>`): it vanishes when the agent's
 //!   connection closes (or the server's TCP keepalive gives up on a vanished host); each member watches the
 //!   next two members in rank order and opens the next round when one dies, so detection costs O(1) per node;
-//! - heartbeats (`hb/<node>`, one write per agent per `keep_alive_interval`) catch an agent that hangs or is
-//!   stopped with its connection open: its ring neighbours evict it after `keep_alive_max_attempt` periods;
+//! - heartbeats (`hb/<node>`, one write per agent per `keep_alive_interval` while it is in a sealed round,
+//!   none while it joins) catch an agent that hangs or is stopped with its connection open: its ring
+//!   neighbours evict it after `keep_alive_max_attempt` periods;
 //! - a node that arrives after the seal registers `waiting/<node>` (session-bound) and waits; members batch
 //!   the joiners for one last-call window and open the next round once (a scale-up costs one restart);
 //! - any member opens round R+1 by compare-and-set on `round` (`"R+1/expected"`), after a local failure,
