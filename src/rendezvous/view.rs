@@ -110,7 +110,7 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
         // The members are written before the seal: a round is sealed once its `sealed` key is there.
         let read = store.multi_get(&[key(&format!("r/{r}/sealed")), key(&format!("r/{r}/members"))]).await?;
         if let [Some(_), Some(seal)] = read.as_slice() {
-            sealed = Some((r, Seal::decode(&seal)?));
+            sealed = Some((r, Seal::decode(seal)?));
             break;
         }
     }
