@@ -422,10 +422,12 @@ async fn heartbeats<S: Store>(store: Arc<S>, beat: Beat, link: SharedLink, t: Ti
             if in_round.wait_for(|&joined| joined).await.is_err() {
                 return;
             }
-            // The round's first beat is due a period after the join's reference, which stands for a beat
-            // (`Link::joined`): at once after a long wait, else spread over the period rather than thousands
-            // of nodes' beats at the moment of the seal.
-            last_beat = Some(link.lock().beat_acked);
+            // The round's first beat is due half a period after the join's reference, which stands for a
+            // beat (`Link::joined`): at once after a long wait, else spread over half a period rather than
+            // thousands of nodes' beats at the moment of the seal, and well before the fence (at least half
+            // a period after the reference) or a peer's first eviction check.
+            let reference = link.lock().beat_acked;
+            last_beat = Some(reference.checked_sub(beat.interval / 2).unwrap_or(reference));
             continue;
         }
         let sent = Instant::now();

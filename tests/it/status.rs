@@ -82,7 +82,7 @@ fn sorted(mut v: Vec<i32>) -> Vec<i32> {
 
 /// Every agent is a member with its group rank, address, workers and state, as JSON and as the table.
 fn shows_every_member(job: &Job, agents: &[Agent]) {
-    // A member beats from its round's seal on, the first beat within one interval.
+    // A member beats from its round's seal on, the first within half an interval.
     let beating = |s: &Value| members(s).iter().all(|m| m["heartbeat_age_ms"].as_u64().is_some());
     let before = job.status_until("three running members, each beating", |s| all_running(s, 3) && beating(s));
     // Polling status is no member's business: the job is still in its first round.
