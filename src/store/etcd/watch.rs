@@ -7,14 +7,13 @@
 //! work.) A caller's channel closing cancels its watchers; a stream that breaks is opened again at another
 //! member with each watcher resumed after the last revision it delivered (or the one it was created at), so
 //! no write is missed or delivered twice; a watcher whose revision was compacted away re-reads its key or
-//! prefix and reports what changed. When no
-//! member takes the stream back, every caller's channel closes: the store is lost. A stream silent for a
-//! third of the lease's TTL is asked for a progress notification (answered by the member alone, no raft
-//! round), and one that does not answer within another third is opened again elsewhere: a stream carries
-//! no deadline, and one on the connection to a member whose host was cut would otherwise stay silent until
-//! TCP keepalive gives the connection up, while unary requests have already moved to another member
-//! (peers' heartbeats unheard, and healthy peers evicted). The lease's keepalive waits as long for its
-//! answers.
+//! prefix and reports what changed. When no member takes the stream back, every caller's channel closes:
+//! the store is lost. A stream silent for a third of the lease's TTL is asked for a progress notification
+//! (answered by the member alone, no raft round), and one that does not answer within another third is
+//! opened again elsewhere: a stream carries no deadline, and one on the connection to a member whose host
+//! was cut would otherwise stay silent until TCP keepalive gives the connection up, while unary requests
+//! have already moved to another member (peers' heartbeats unheard, and healthy peers evicted). The lease's
+//! keepalive waits as long for its answers.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
