@@ -472,8 +472,8 @@ async fn heartbeats<S: Store>(store: Arc<S>, beat: Beat, link: SharedLink, t: Ti
     }
 }
 
-/// Sleeps until `until`, or less when this node leaves or enters a round (a new round's first beat goes at
-/// once).
+/// Sleeps until `until`, or less when this node leaves or enters a round (a new round's first beat is due
+/// from the join's reference, not from the last round's beats).
 async fn pause(until: Instant, in_round: &mut watch::Receiver<bool>) {
     tokio::select! {
         () = tokio::time::sleep_until(until) => {}

@@ -37,7 +37,7 @@ impl EtcdStore {
         // counted write is tried as if it were one, and a failed compare's branch reads the key.
         let mut current = match delta {
             1 => Some(KeyValue { key: key.to_vec(), value: MARK.to_vec(), ..KeyValue::default() }),
-            _ => self.range(key).await?,
+            _ => self.range(key, false).await?,
         };
         loop {
             if delta == 0 {

@@ -128,8 +128,9 @@ impl EtcdStore {
         self.call(path::TXN, body).await
     }
 
-    async fn range(&self, key: &[u8]) -> Result<Option<pb::KeyValue>, StoreError> {
-        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(key, false, false)).await?;
+    /// One key (without its value when `keys_only`), if it exists.
+    async fn range(&self, key: &[u8], keys_only: bool) -> Result<Option<pb::KeyValue>, StoreError> {
+        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(key, false, keys_only)).await?;
         Ok(wire::first(reply))
     }
 
@@ -172,7 +173,7 @@ impl Store for EtcdStore {
     }
 
     async fn get(&self, key: &str) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.range(&self.full(key)).await?.map(counter::visible))
+        Ok(self.range(&self.full(key), false).await?.map(counter::visible))
     }
 
     /// A counter only ever added 1 to is counted by etcd (see `counter`); other adds compare-and-set.
@@ -208,7 +209,7 @@ impl Store for EtcdStore {
     async fn wait(&self, key: &str, timeout: Duration) -> Result<bool, StoreError> {
         let deadline = Instant::now() + timeout;
         let mut events = self.follow(&[WatchTarget::Key(key.to_string())]).await?;
-        if self.range_keys(&self.full(key)).await?.is_some() {
+        if self.range(&self.full(key), true).await?.is_some() {
             return Ok(true);
         }
         #[cfg(test)]
@@ -315,11 +316,5 @@ impl EtcdStore {
             Ok(Err(_)) => Err(self.cluster.unreachable(path::WATCH, "the watch stream failed before etcd created the watch".into())),
             Err(_) => Err(self.cluster.unreachable(path::WATCH, format!("etcd did not create the watch within {:?}", self.timeout))),
         }
-    }
-
-    /// Whether `key` exists (a read of the key alone, no value).
-    async fn range_keys(&self, key: &[u8]) -> Result<Option<pb::KeyValue>, StoreError> {
-        let reply: pb::RangeResponse = self.call(path::RANGE, &wire::range(key, false, true)).await?;
-        Ok(wire::first(reply))
     }
 }
