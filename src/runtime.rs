@@ -3,9 +3,10 @@
 /// How many threads an async runtime has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
-    /// On the calling thread: a client that waits on one thing at a time.
+    /// On the calling thread: a client that waits on one thing at a time, or a benchmark's simulated nodes
+    /// (the other cores are left to the store they measure).
     One,
-    /// A worker per core: the agent, a server, or a benchmark of many simulated nodes.
+    /// A worker per core: the agent or a server.
     PerCore,
 }
 

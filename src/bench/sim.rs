@@ -62,6 +62,8 @@ pub(super) async fn simulate(plan: Plan, settings: Settings, connect: &Arc<Conne
         exclude_after: String::new(),
     };
 
+    // etcd's counts before any node connects: read once they run, the first nodes' requests went uncounted.
+    let mut before = PhaseCounts::read(connect, &counts).await;
     // How many nodes got through register(), for the diagnosis when the run times out.
     let registered_count = Arc::new(AtomicUsize::new(0));
     let start = Instant::now();
@@ -104,7 +106,6 @@ pub(super) async fn simulate(plan: Plan, settings: Settings, connect: &Arc<Conne
     let timed_out = |sealed: usize| BenchError::TimedOut { timeout, nodes, registered: registered_count.load(Ordering::Relaxed), sealed };
 
     let mut phases = Vec::new();
-    let mut before = PhaseCounts::read(connect, &counts).await;
     for (phase, gate) in [(Phase::Register, &join_tx), (Phase::Join, &steady_tx)] {
         let mut arrived = 0;
         while arrived < nodes {

@@ -310,9 +310,13 @@ impl<S: Store> Rendezvous<S> {
                 return Ok(SealAttempt::NotMine);
             }
         }
-        let records = self.store.scan(&self.key(&format!("r/{round}/m/"))).await?;
-        let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
-        let alive = self.alive_nodes().await?;
+        // Three reads, sent together: at thousands of nodes each is a round trip to a busy member.
+        let (records_key, slot_key) = (self.key(&format!("r/{round}/m/")), self.key(&format!("r/{round}/slot")));
+        let (records, joined, alive) = tokio::try_join!(
+            async { Ok(self.store.scan(&records_key).await?) },
+            async { Ok(self.store.add(&slot_key, 0).await?) },
+            self.alive_nodes(),
+        )?;
         let written = records.len() as i64;
         let by_node = latest_records(records, |id| alive.contains(id) || id == self.me.id)?;
         // A slot without its record yet is waited for, unless the round is complete without it: a joiner

@@ -60,18 +60,18 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
-    /// Watches what can end this round, at O(1) per node: the round counter, `closed`, the waiting list, and
-    /// the liveness keys and heartbeats of the next two members in rank order (a ring: each member is watched
-    /// by two others, and whoever sees a death opens the next round, which every member sees). Then re-reads
-    /// them, so a change between the seal and the watch is not missed. A heartbeat is heard as its watch
-    /// event: checking the neighbours costs the store no request.
+    /// Watches what can end this round, at O(1) per node: the round counter, `closed`, the waiting list
+    /// (while the group has room for a joiner: a full one lets none in), and the liveness keys and heartbeats
+    /// of the next two members in rank order (a ring: each member is watched by two others, and whoever sees
+    /// a death opens the next round, which every member sees). Then re-reads them, so a change between the
+    /// seal and the watch is not missed. A heartbeat is heard as its watch event: checking the neighbours
+    /// costs the store no request.
     pub(super) async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
         let neighbours = &info.neighbours;
-        let mut targets = vec![
-            WatchTarget::Key(self.key("round")),
-            WatchTarget::Key(self.key("closed")),
-            WatchTarget::Prefix(self.key("waiting/")),
-        ];
+        let mut targets = vec![WatchTarget::Key(self.key("round")), WatchTarget::Key(self.key("closed"))];
+        if info.group_world_size < self.settings.max_nodes {
+            targets.push(WatchTarget::Prefix(self.key("waiting/")));
+        }
         targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
         targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("hb/{}", m.id)))));
         self.events = Some(self.store.watch(&targets).await?);
@@ -331,6 +331,7 @@ impl<S: Store> Rendezvous<S> {
     /// (a pending `JoinersWaiting`) when they fill it to MAX.
     async fn joiner_arrived(&mut self, current: &RoundInfo) -> Result<(), RdzvError> {
         let max = self.settings.max_nodes as usize;
+        // A full group: its members do not even watch the waiting list (`watch_round`).
         if current.group_world_size as usize >= max {
             return Ok(());
         }

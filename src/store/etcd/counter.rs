@@ -2,8 +2,11 @@
 //! compare-and-set on its value lets one of them win each try, so a node made O(N) tries (1024 nodes: 94 s
 //! to seal). Instead a counter that only ever gains 1 is counted by etcd itself: every put of a key bumps
 //! its `version` by one, atomically, so `add(key, 1)` is one transaction (put a marker, read the key back)
-//! that never fails and returns the version. Readers see the count as the value (`get`, `multi_get`). Any
-//! other delta on it, or an add on a value set otherwise, is the compare-and-set it was.
+//! that never fails and returns the version. The counter's creation is in the same transaction (a nested
+//! one, taken when the key is not a counter yet): a joiner that raced the creation made three transactions,
+//! each a write to etcd's log whatever its comparison found (4096 nodes joining at once: 8,000 writes more
+//! than joiners). Readers see the count as the value (`get`, `multi_get`). Any other delta on it, or an add
+//! on a value set otherwise, is the compare-and-set it was.
 
 use super::pb::KeyValue;
 use super::wire::{self, Compare};
@@ -32,11 +35,34 @@ impl EtcdStore {
             .ok_or_else(|| self.failed(format!("add on {}: the value is not an integer", self.name(&kv.key))))
     }
 
+    /// Adds 1 to the counter `key`, creating it when absent, in one transaction: its count, or the key as it
+    /// is when it holds a value set otherwise.
+    async fn count_one(&self, key: &[u8]) -> Result<Result<i64, KeyValue>, StoreError> {
+        let put = || wire::op_put(wire::put(key, MARK, None));
+        let read = || wire::op_range(wire::range(key, false, false));
+        let create = wire::txn(&[Compare::Absent(key)], vec![put(), read()], vec![read()]);
+        let reply = self.txn(&wire::txn(&[Compare::Value(key, MARK)], vec![put(), read()], vec![wire::op_txn(create)])).await?;
+        let (counted, reply) = match reply.succeeded {
+            true => (true, reply),
+            false => {
+                let created = wire::nested(reply).ok_or_else(|| self.failed(format!("add on {}: no nested reply", self.name(key))))?;
+                (created.succeeded, created)
+            }
+        };
+        let kv = wire::ranges(reply).next().and_then(wire::first);
+        match (counted, kv) {
+            (true, Some(kv)) => Ok(Ok(kv.version)),
+            (false, Some(kv)) => Ok(Err(kv)),
+            (_, None) => Err(self.failed(format!("add on {}: the key vanished", self.name(key)))),
+        }
+    }
+
     pub(super) async fn add_to(&self, key: &[u8], delta: i64) -> Result<i64, StoreError> {
-        // An add of 1 to a counter that exists (every joiner but the first) needs no read first: the
-        // counted write is tried as if it were one, and a failed compare's branch reads the key.
         let mut current = match delta {
-            1 => Some(KeyValue { key: key.to_vec(), value: MARK.to_vec(), ..KeyValue::default() }),
+            1 => match self.count_one(key).await? {
+                Ok(count) => return Ok(count),
+                Err(valued) => Some(valued),
+            },
             _ => self.range(key, false).await?,
         };
         loop {

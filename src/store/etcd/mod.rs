@@ -143,9 +143,11 @@ impl EtcdStore {
 /// invalid argument and one whose user lacks a role as denied; both are settings to fix (exit 2), said at
 /// start rather than on the rendezvous' first request. One key is read, the namespace's own (a role that
 /// covers the namespace covers it): a read of everything under it would cost etcd every node's keys at
-/// every connect, O(N) a node while a whole job connects.
+/// every connect, O(N) a node while a whole job connects. Serializable: the member checks the user's
+/// permission all the same, and answers from its own state without asking the leader (a whole job connects
+/// at once).
 async fn readable(cluster: &Cluster, opts: &EtcdOptions, deadline: Instant) -> Result<(), StoreError> {
-    let body = wire::range(opts.namespace.as_bytes(), false, true);
+    let body = pb::RangeRequest { serializable: true, ..wire::range(opts.namespace.as_bytes(), false, true) };
     const INVALID_ARGUMENT: i64 = Code::InvalidArgument as i64;
     const PERMISSION_DENIED: i64 = Code::PermissionDenied as i64;
     let why = match cluster.call::<_, pb::RangeResponse>(path::RANGE, &body, deadline).await {
@@ -227,11 +229,19 @@ impl Store for EtcdStore {
         }
     }
 
-    /// In transactions of at most [`MAX_TXN_OPS`] keys each.
+    /// In transactions of at most [`MAX_TXN_OPS`] keys each, sent together: the sealer's assignments of 4096
+    /// nodes are 32 of them, one round trip each to a member busy with the round when sent one by one. Each
+    /// transaction is all or nothing, the whole set is not: returns once every one has been applied.
     async fn multi_set(&self, pairs: &[(String, Vec<u8>)]) -> Result<(), StoreError> {
+        let deadline = Instant::now() + self.timeout;
+        let mut sent = tokio::task::JoinSet::new();
         for chunk in pairs.chunks(MAX_TXN_OPS) {
             let puts = chunk.iter().map(|(k, v)| wire::op_put(wire::put(&self.full(k), v, None))).collect();
-            self.txn(&wire::txn(&[], puts, vec![])).await?;
+            let (cluster, body) = (self.cluster.clone(), wire::txn(&[], puts, vec![]));
+            sent.spawn(async move { cluster.call::<_, pb::TxnResponse>(path::TXN, &body, deadline).await });
+        }
+        while let Some(done) = sent.join_next().await {
+            done.map_err(|e| self.failed(format!("a write of several keys ended: {e}")))??;
         }
         Ok(())
     }

@@ -101,7 +101,7 @@ pub struct DeleteRangeResponse {
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct RequestOp {
-    #[prost(oneof = "request_op::Request", tags = "1, 2, 3")]
+    #[prost(oneof = "request_op::Request", tags = "1, 2, 3, 4")]
     pub request: Option<request_op::Request>,
 }
 
@@ -114,12 +114,14 @@ pub mod request_op {
         RequestPut(super::PutRequest),
         #[prost(message, tag = "3")]
         RequestDeleteRange(super::DeleteRangeRequest),
+        #[prost(message, tag = "4")]
+        RequestTxn(Box<super::TxnRequest>),
     }
 }
 
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct ResponseOp {
-    #[prost(oneof = "response_op::Response", tags = "1, 2, 3")]
+    #[prost(oneof = "response_op::Response", tags = "1, 2, 3, 4")]
     pub response: Option<response_op::Response>,
 }
 
@@ -132,6 +134,8 @@ pub mod response_op {
         ResponsePut(super::PutResponse),
         #[prost(message, tag = "3")]
         ResponseDeleteRange(super::DeleteRangeResponse),
+        #[prost(message, tag = "4")]
+        ResponseTxn(Box<super::TxnResponse>),
     }
 }
 

@@ -95,6 +95,8 @@ async fn a_killed_handle_is_gone_after_its_lease() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_adds_each_count_once_and_adding_zero_only_reads() {
     let etcd = TestEtcd::start();
+    let txns = || async { crate::bench::etcd::requests_handled(&etcd.endpoint).await.and_then(|m| m.get("Txn").copied()).unwrap_or(0) };
+    let txns_before = txns().await;
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..32 {
         let s = std::sync::Arc::new(etcd.store("/t/").await);
@@ -108,6 +110,9 @@ async fn concurrent_adds_each_count_once_and_adding_zero_only_reads() {
     }
     slots.sort_unstable();
     assert_eq!(slots, (1..=16).collect::<Vec<i64>>(), "each adder got its own value");
+    // One transaction an adder, the one that created the counter and those racing it included: each is a
+    // write to etcd's log, whatever its comparison finds.
+    assert_eq!(txns().await - txns_before, 16, "transactions for 16 adds");
     assert!(polled.iter().all(|&n| (0..=16).contains(&n)), "{polled:?}");
     let s = etcd.store("/t/").await;
     assert_eq!(s.add("slot", 0).await.unwrap(), 16);

@@ -73,6 +73,19 @@ pub fn op_range(range: pb::RangeRequest) -> pb::RequestOp {
     pb::RequestOp { request: Some(Request::RequestRange(range)) }
 }
 
+/// A transaction inside a transaction's branch (etcd 3.3 and later).
+pub fn op_txn(txn: pb::TxnRequest) -> pb::RequestOp {
+    pb::RequestOp { request: Some(Request::RequestTxn(Box::new(txn))) }
+}
+
+/// The reply of the first transaction inside a transaction's branch, if it had one.
+pub fn nested(reply: pb::TxnResponse) -> Option<pb::TxnResponse> {
+    reply.responses.into_iter().find_map(|r| match r.response {
+        Some(Response::ResponseTxn(txn)) => Some(*txn),
+        _ => None,
+    })
+}
+
 /// The ranges' replies of a transaction, in order (puts' replies left out).
 pub fn ranges(reply: pb::TxnResponse) -> impl Iterator<Item = pb::RangeResponse> {
     reply.responses.into_iter().filter_map(|r| match r.response {
