@@ -3,10 +3,9 @@
 /// How many threads an async runtime has.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Threads {
-    /// On the calling thread: a client that waits on one thing at a time, or a benchmark's simulated nodes
-    /// (the other cores are left to the store they measure).
+    /// On the calling thread: a client that waits on one thing at a time.
     One,
-    /// A worker per core: the agent or a server.
+    /// A worker per core: the agent, a server, or a benchmark of many simulated nodes.
     PerCore,
 }
 

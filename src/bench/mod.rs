@@ -153,12 +153,7 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     };
     let plan = store_plan(args, capacity::Host::this())?;
 
-    // The simulated nodes share one thread. Each stands for an agent on a host of its own, which takes no
-    // core from the store; on the store's host a thread per core of them did (1024 nodes on three etcd
-    // members on 2 cores: 0.45 s of a 3.2 s round), and the figure measured the bench's scheduling as much
-    // as the store. Their work still takes one core here: what the figures say of a larger host is in
-    // docs/benchmarks.md.
-    let runtime = crate::runtime::build(crate::runtime::Threads::One).map_err(BenchError::Runtime)?;
+    let runtime = crate::runtime::build(crate::runtime::Threads::PerCore).map_err(BenchError::Runtime)?;
     let settings = Settings {
         run_id: "bench".into(),
         min_nodes: min,
