@@ -69,7 +69,7 @@ impl<S: Store> Rendezvous<S> {
     pub(super) async fn watch_round(&mut self, info: &RoundInfo) -> Result<(), RdzvError> {
         let neighbours = &info.neighbours;
         let mut targets = vec![WatchTarget::Key(self.key("round")), WatchTarget::Key(self.key("closed"))];
-        if info.group_world_size < self.settings.max_nodes {
+        if self.has_room(info) {
             targets.push(WatchTarget::Prefix(self.key("waiting/")));
         }
         targets.extend(neighbours.iter().map(|m| WatchTarget::Key(self.key(&format!("alive/{}", m.id)))));
@@ -327,14 +327,19 @@ impl<S: Store> Rendezvous<S> {
         Ok(self.pending.take())
     }
 
+    /// Whether the group of `info` has room for a joiner (below MAX): a full one lets none in, and its members
+    /// do not watch the waiting list.
+    fn has_room(&self, info: &RoundInfo) -> bool {
+        info.group_world_size < self.settings.max_nodes
+    }
+
     /// Joiners may be waiting: if the group has room, they are let in after one last call, or at once
     /// (a pending `JoinersWaiting`) when they fill it to MAX.
     async fn joiner_arrived(&mut self, current: &RoundInfo) -> Result<(), RdzvError> {
-        let max = self.settings.max_nodes as usize;
-        // A full group: its members do not even watch the waiting list (`watch_round`).
-        if current.group_world_size as usize >= max {
+        if !self.has_room(current) {
             return Ok(());
         }
+        let max = self.settings.max_nodes as usize;
         let waiting = self.waiting_after(current.round).await?;
         if waiting == 0 {
             return Ok(());

@@ -58,11 +58,9 @@ impl EtcdStore {
     }
 
     pub(super) async fn add_to(&self, key: &[u8], delta: i64) -> Result<i64, StoreError> {
+        // An add of 1 reads nothing first: it is tried as a counter's (`count_one`).
         let mut current = match delta {
-            1 => match self.count_one(key).await? {
-                Ok(count) => return Ok(count),
-                Err(valued) => Some(valued),
-            },
+            1 => None,
             _ => self.range(key, false).await?,
         };
         loop {
@@ -70,36 +68,30 @@ impl EtcdStore {
                 // A read only: a write would count.
                 return current.map_or(Ok(0), |kv| self.count(&kv));
             }
-            let (compare, counted) = match &current {
-                None if delta == 1 => (Compare::Absent(key), true),
-                Some(kv) if delta == 1 && kv.value.as_slice() == MARK => (Compare::Value(key, MARK), true),
-                None => (Compare::Absent(key), false),
-                Some(kv) => (Compare::ModRevision(key, kv.mod_revision), false),
-            };
-            let new = match (&current, counted) {
-                (_, true) => None,
-                (None, false) => Some(delta),
-                (Some(kv), false) => Some(
+            if delta == 1 && current.as_ref().is_none_or(|kv| kv.value.as_slice() == MARK) {
+                match self.count_one(key).await? {
+                    Ok(count) => return Ok(count),
+                    Err(valued) => current = Some(valued),
+                }
+            }
+            // Any other add: a compare-and-set of the value read.
+            let (compare, new) = match &current {
+                None => (Compare::Absent(key), delta),
+                Some(kv) => (
+                    Compare::ModRevision(key, kv.mod_revision),
                     self.count(kv)?
                         .checked_add(delta)
                         .ok_or_else(|| self.failed(format!("add on {} overflows", self.name(key))))?,
                 ),
             };
-            let value = new.map(|n| n.to_string().into_bytes()).unwrap_or_else(|| MARK.to_vec());
-            let put = wire::op_put(wire::put(key, &value, None));
+            let put = wire::op_put(wire::put(key, new.to_string().as_bytes(), None));
             let read = || wire::op_range(wire::range(key, false, false));
             let reply = self.txn(&wire::txn(&[compare], vec![put, read()], vec![read()])).await?;
-            let succeeded = reply.succeeded;
-            let after = wire::ranges(reply).next().and_then(wire::first);
-            match (succeeded, new) {
-                (true, Some(n)) => return Ok(n),
-                (true, None) => {
-                    let kv = after.ok_or_else(|| self.failed(format!("add on {}: the key vanished", self.name(key))))?;
-                    return Ok(kv.version);
-                }
-                // Another writer came first (or created the counter): again, from what the transaction read.
-                (false, _) => current = after,
+            if reply.succeeded {
+                return Ok(new);
             }
+            // Another writer came first (or made it a counter): again, from what the transaction read.
+            current = wire::ranges(reply).next().and_then(wire::first);
         }
     }
 }
