@@ -381,9 +381,11 @@ fn stacks_on_failure_keeps_where_the_survivors_were() {
     let script = dir.path().join("fail.py");
     std::fs::write(
         &script,
+        // Rank 0 fails once both others are asleep in wait_for_peers (each wrote its pid just before it).
         "import os, sys, time\n\ndef wait_for_peers():\n    time.sleep(3600)\n\nout = os.environ['OUT']\nrank = int(os.environ['RANK'])\n\
-         if rank == 0:\n    while not all(os.path.exists(os.path.join(out, str(r))) for r in (1, 2)):\n        time.sleep(0.05)\n    time.sleep(0.5)\n    sys.exit(1)\n\
-         open(os.path.join(out, str(rank)), 'w').close()\nwait_for_peers()\n",
+         def asleep(r):\n    try:\n        pid = open(os.path.join(out, str(r))).read()\n        return pid and open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0] == 'S'\n    except FileNotFoundError:\n        return False\n\
+         if rank == 0:\n    while not all(asleep(r) for r in (1, 2)):\n        time.sleep(0.05)\n    sys.exit(1)\n\
+         with open(os.path.join(out, f'.{rank}'), 'w') as f:\n    f.write(str(os.getpid()))\nos.rename(os.path.join(out, f'.{rank}'), os.path.join(out, str(rank)))\nwait_for_peers()\n",
     )
     .expect("script");
     let logs = dir.path().join("logs");
