@@ -10,6 +10,7 @@
 pub mod capture;
 pub mod progress;
 pub mod verdict;
+pub mod wait;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -443,6 +444,7 @@ fn summary(c: &Capture, p: &progress::RankProgress, node: &str, group_rank: u32)
         // Chosen here, where the frames' full paths are.
         own_frame: main.and_then(|t| verdict::own_frame(&t.frames)).map(SummaryFrame::from),
         error: c.threads.as_ref().err().map(|e| e.short().to_string()),
+        waits: main.map(|t| wait::waits_on_peers(&t.frames, wait::ThreadState::from_letter(c.state.as_deref()))),
     }
 }
 

@@ -1,7 +1,10 @@
 //! The job-wide verdict on a hang, from every rank's summary (pure). Which ranks are to blame:
 //! - some ranks still progress and others do not: the ones that do not;
 //! - none progresses, but some stopped earlier than the rest by more than half a typical step: those
-//!   (a rank stuck before its step's collective stops one step before the ranks that wait in it);
+//!   (a rank stuck before its step's collective stops one step before the ranks that wait in it), unless one
+//!   of them is seen waiting on the others;
+//! - none progresses, and some wait on the others (`hang::wait`: in a collective, or asleep below torch, as
+//!   DDP's ranks wait inside `backward`) while others do not: those that do not;
 //! - otherwise the job is hung as a whole, and the line shows where each group of ranks is.
 
 use serde::{Deserialize, Serialize};
@@ -29,6 +32,10 @@ pub struct RankSummary {
     pub own_frame: Option<SummaryFrame>,
     /// Why there is no stack, if there is none.
     pub error: Option<String>,
+    /// Whether the main thread waits on the other ranks (`hang::wait`); None without a stack, or from an
+    /// agent that did not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waits: Option<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,6 +90,8 @@ pub enum Kind {
     Stalled,
     /// No rank progresses; the suspects stopped first.
     StoppedFirst,
+    /// No rank progresses; the others wait on the suspects.
+    WaitedOn,
     /// No rank progresses and none stopped first.
     JobWide,
 }
@@ -110,12 +119,23 @@ pub fn judge(ranks: &[RankSummary], now_ms: u64, timeout_ms: u64, clock: &dyn Fn
     }
     let newest = ranks.iter().filter_map(|r| r.last_progress_ms).max();
     let first = stopped_first(ranks);
-    if !first.is_empty() && first.len() < ranks.len() {
+    // The ranks that stopped first, unless one of them is seen waiting on the others: then where each waits
+    // says more than when each stopped.
+    if !first.is_empty() && first.len() < ranks.len() && first.iter().all(|r| r.waits != Some(true)) {
         let others: Vec<&RankSummary> = ranks.iter().filter(|r| !first.iter().any(|f| f.rank == r.rank)).collect();
         let since = others.iter().filter_map(|r| r.last_progress_ms).min().unwrap_or(now_ms);
         let verb = if others.len() == 1 { "waits in" } else { "wait in" };
         let rest = format!("the other {} {} since {}", count(others.len()), groups(&others, verb), clock(since));
         return blame(Kind::StoppedFirst, &first, &rest, clock);
+    }
+    let (waiting, holding): (Vec<&RankSummary>, Vec<&RankSummary>) =
+        ranks.iter().filter(|r| r.waits.is_some()).partition(|r| r.waits == Some(true));
+    if !waiting.is_empty() && !holding.is_empty() {
+        let since = waiting.iter().filter_map(|r| r.last_progress_ms).min().unwrap_or(now_ms);
+        let verb = if waiting.len() == 1 { "waits" } else { "wait" };
+        let verb = format!("{verb} on {} in", if holding.len() == 1 { "it" } else { "them" });
+        let rest = format!("the other {} {} since {}", count(waiting.len()), groups(&waiting, &verb), clock(since));
+        return blame(Kind::WaitedOn, &holding, &rest, clock);
     }
     let since = newest.map(clock).unwrap_or_else(|| "their start".into());
     let all: Vec<&RankSummary> = ranks.iter().collect();
@@ -284,6 +304,7 @@ mod tests {
             frames: vec![at],
             own_frame: None,
             error: None,
+            waits: None,
         }
     }
 
@@ -297,6 +318,12 @@ mod tests {
             || frame("all_reduce", "distributed_c10d.py", 2501, Some("work = group.allreduce([tensor], opts)"));
         let sleep = || frame("train_step", "hang_train.py", 88, Some("time.sleep(3600)"));
         let lock = || frame("wait_lock", "hang_train.py", 70, Some("LOCK.acquire()"));
+        let backward = || frame("_engine_run_backward", "graph.py", 1113, Some("return Variable._execution_engine.run_backward("));
+        let fetch = || frame("fetch_batch", "ddp.py", 15, Some("time.sleep(3600)"));
+        let waits = |mut r: RankSummary, w: bool| {
+            r.waits = Some(w);
+            r
+        };
         // (ranks, now, kind, suspects, line)
         type Case = (Vec<RankSummary>, u64, Kind, Vec<u32>, &'static str);
         let cases: Vec<Case> = vec![
@@ -344,6 +371,38 @@ mod tests {
                 vec![1],
                 "hang: rank 1 (node n0, local rank 1) made no progress since t1000; main thread in hang_train.py:88 \
                  train_step (time.sleep(3600)); the other rank still progresses (last at t11900)",
+            ),
+            // DDP: every rank stopped within the same step; three wait inside backward, rank 1 does not.
+            (
+                vec![waits(rank(0, Some(1_060), backward()), true), waits(rank(1, Some(1_059), fetch()), false),
+                     waits(rank(2, Some(1_061), backward()), true), waits(rank(3, Some(1_060), backward()), true)],
+                12_000,
+                Kind::WaitedOn,
+                vec![1],
+                "hang: rank 1 (node n0, local rank 1) made no progress since t1059; main thread in ddp.py:15 fetch_batch \
+                 (time.sleep(3600)); the other 3 ranks wait on it in _engine_run_backward (graph.py:1113) since t1060",
+            ),
+            // Two ranks held up, one waiting: it waits on them; where the waits are unknown (an older agent's
+            // summary, no stack), they count neither way.
+            (
+                vec![waits(rank(0, Some(1_060), reduce()), true), waits(rank(1, Some(1_059), fetch()), false),
+                     waits(rank(2, Some(1_061), lock()), false), rank(3, Some(1_060), reduce())],
+                12_000,
+                Kind::WaitedOn,
+                vec![1, 2],
+                "hang: rank 1 (node n0, local rank 1) made no progress since t1059; main thread in ddp.py:15 fetch_batch \
+                 (time.sleep(3600)); rank 2 (node n1, local rank 0) made no progress since t1061; main thread in \
+                 hang_train.py:70 wait_lock (LOCK.acquire()); the other rank waits on them in all_reduce \
+                 (distributed_c10d.py:2501) since t1060",
+            ),
+            // Every rank waits (mismatched collectives): job-wide.
+            (
+                vec![waits(rank(0, Some(1_000), reduce()), true), waits(rank(1, Some(1_001), backward()), true)],
+                12_000,
+                Kind::JobWide,
+                vec![0, 1],
+                "hang: job-wide: no rank made progress since t1001; rank 0 in all_reduce (distributed_c10d.py:2501); \
+                 rank 1 in _engine_run_backward (graph.py:1113)",
             ),
             // Every rank in one place.
             (

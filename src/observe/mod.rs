@@ -125,6 +125,7 @@ fn kind_name(kind: crate::hang::verdict::Kind) -> &'static str {
     use crate::hang::verdict::Kind;
     match kind {
         Kind::Stalled => "stalled",
+        Kind::WaitedOn => "waited_on",
         Kind::StoppedFirst => "stopped_first",
         Kind::JobWide => "job_wide",
     }

@@ -11,6 +11,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::hang::capture::Frame;
+use crate::hang::wait::{waits_on_peers, ThreadState};
 
 /// A rank waits this much less than the median at most to be named.
 pub const LAG_RATIO: f64 = 0.35;
@@ -32,19 +33,15 @@ pub enum Sample {
     Working(Option<String>),
 }
 
-/// Classifies a main thread's frames (innermost first): in `init_process_group` the rank is starting; a
-/// frame under `torch/distributed/` (every collective, barrier and `Work.wait`) or a CUDA synchronisation is
-/// waiting; the rest is the rank's own
-/// work, a data loader's wait included (a rank starved of data is slow by itself).
-pub fn classify(frames: &[Frame]) -> Sample {
+/// Classifies a main thread's frames (innermost first) in `state`: in `init_process_group` the rank is
+/// starting; waiting on the other ranks as `hang::wait` tells it (a collective, a CUDA sync, or asleep below a
+/// frame of torch's: DDP's reducer in `backward`); the rest is the rank's own work, a data loader's wait
+/// included (a rank starved of data is slow by itself).
+pub fn classify(frames: &[Frame], state: ThreadState) -> Sample {
     if frames.iter().any(|f| f.function == "init_process_group" || f.file.ends_with("torch/distributed/rendezvous.py")) {
         return Sample::Starting;
     }
-    let waiting = frames.iter().any(|f| {
-        f.file.contains("torch/distributed/")
-            || (f.file.contains("torch/cuda/") && f.function == "synchronize")
-    });
-    if waiting {
+    if waits_on_peers(frames, state) {
         return Sample::Waiting;
     }
     let own = frames.iter().find(|f| crate::hang::verdict::is_own(&f.file)).map(Frame::short);
@@ -181,25 +178,29 @@ mod tests {
     }
 
     #[test]
-    fn a_sample_in_a_collective_or_a_cuda_sync_is_waiting() {
+    fn a_sample_is_starting_waiting_or_working_where() {
         let torch = "/venv/lib/python3.12/site-packages/torch";
         let dist = frame("all_reduce", &format!("{torch}/distributed/distributed_c10d.py"));
-        let sync = frame("synchronize", &format!("{torch}/cuda/__init__.py"));
+        let backward = frame("_engine_run_backward", &format!("{torch}/autograd/graph.py"));
         let own = frame("heavy_step", "/job/train.py");
         let queue = frame("get", "/usr/lib/python3.12/queue.py");
-        // (frames innermost first, what the sample is)
+        let working = || Sample::Working(Some("train.py:10 heavy_step".into()));
+        use ThreadState::{Asleep, Other, Running};
+        // (frames innermost first, the thread's state, what the sample is); `hang::wait` has the waits' table.
         let table = [
-            (vec![dist.clone(), own.clone()], Sample::Waiting),
-            (vec![frame("wrapper", &format!("{torch}/distributed/c10d_logger.py")), dist, own.clone()], Sample::Waiting),
-            (vec![sync, own.clone()], Sample::Waiting),
-            (vec![frame("init_process_group", &format!("{torch}/distributed/c10d_logger.py")), own.clone()], Sample::Starting),
-            (vec![frame("_create_c10d_store", &format!("{torch}/distributed/rendezvous.py")), own.clone()], Sample::Starting),
-            (vec![own.clone()], Sample::Working(Some("train.py:10 heavy_step".into()))),
-            (vec![queue, own], Sample::Working(Some("train.py:10 heavy_step".into()))),
-            (vec![frame("matmul", &format!("{torch}/functional.py"))], Sample::Working(None)),
+            (vec![dist.clone(), own.clone()], Asleep, Sample::Waiting),
+            (vec![frame("wrapper", &format!("{torch}/distributed/c10d_logger.py")), dist, own.clone()], Running, Sample::Waiting),
+            (vec![backward.clone(), own.clone()], Asleep, Sample::Waiting),
+            (vec![backward.clone(), own.clone()], Running, working()),
+            (vec![backward, own.clone()], Other, working()),
+            (vec![frame("init_process_group", &format!("{torch}/distributed/c10d_logger.py")), own.clone()], Asleep, Sample::Starting),
+            (vec![frame("_create_c10d_store", &format!("{torch}/distributed/rendezvous.py")), own.clone()], Asleep, Sample::Starting),
+            (vec![own.clone()], Asleep, working()),
+            (vec![queue, own], Asleep, working()),
+            (vec![frame("matmul", &format!("{torch}/functional.py"))], Running, Sample::Working(None)),
         ];
-        for (frames, want) in table {
-            assert_eq!(classify(&frames), want, "{frames:?}");
+        for (frames, state, want) in table {
+            assert_eq!(classify(&frames, state), want, "{frames:?} {state:?}");
         }
     }
 

@@ -3,14 +3,15 @@
 //! spends its time (a non-blocking stack sample every 250 ms: waiting in a collective or a CUDA sync, or
 //! working, and where), and each GPU's SM clock and clock-event reasons. Each agent sums its ranks per
 //! window (windows cut by wall-clock time, the same for every agent) and its heartbeat carries the last
-//! one; group rank 0 judges every window (`judge.rs`) from every heartbeat and names a rank that lags in two
-//! windows in a row, once per stretch. Under `--on-straggler drain` its node is then drained: group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75,
+//! two; group rank 0 judges each window (`judge.rs`) once every node's heartbeat carries it, and names a rank
+//! that lags in two windows in a row, once per stretch (`stretch.rs`). Under `--on-straggler drain` its node is then drained: group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75,
 //! the hook with `straggler`), and the job goes on without it (elastic MIN, or a spare).
 
 pub mod judge;
 mod sample;
+mod stretch;
 
-use std::collections::BTreeMap;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,9 +27,7 @@ use crate::store::{Store, WatchEvent};
 use judge::{judge, NodeWindow};
 pub use sample::Armed;
 use sample::Sampler;
-
-/// Consecutive windows a rank must lag in before it is named (and, under `drain`, its node drained).
-const NAMED_AFTER: u32 = 2;
+use stretch::Stretches;
 
 /// How long after a failed attempt to watch the pace board the next one is made.
 const WATCH_RETRY: Duration = Duration::from_secs(1);
@@ -41,8 +40,8 @@ pub struct Monitor {
     /// This node's last complete window, as the sampler wrote it for the heartbeat.
     note: PaceNote,
     sampler: Option<Sampler>,
-    /// Each straggler's consecutive windows, by rank.
-    streaks: BTreeMap<u32, u32>,
+    /// Each lagging or named rank's stretch.
+    stretches: Stretches,
     /// The last window judged, and the first in which the running group was seen training (its ranks
     /// waiting in collectives, each sampled enough to be judged): where "within two windows" counts from.
     judged: u64,
@@ -61,7 +60,7 @@ impl Monitor {
             settle: heartbeat + Duration::from_secs(1),
             note,
             sampler: None,
-            streaks: BTreeMap::new(),
+            stretches: Stretches::default(),
             judged: 0,
             training_since: None,
             verdicts: None,
@@ -104,7 +103,7 @@ impl Monitor {
             let window_ms = self.cfg.window.as_millis().max(1) as u64;
             let now_ms = crate::rendezvous::unix_ms().unwrap_or(0);
             let due_ms = (now_ms / window_ms) * window_ms + self.settle.as_millis() as u64;
-            let wait = Duration::from_millis(due_ms.saturating_sub(now_ms)).max(sample::SAMPLE_EVERY);
+            let wait = Duration::from_millis(due_ms.saturating_sub(now_ms)).max(sample::sample_every(self.cfg.window));
             tokio::select! {
                 event = verdicts.recv() => {
                     if event.is_none() {
@@ -122,25 +121,27 @@ impl Monitor {
         }
     }
 
-    /// Shows this node's last window in the metrics; on group rank 0, judges it once, every node's
-    /// heartbeat having carried it by now.
+    /// Shows this node's last window in the metrics; on group rank 0, judges each window once every node's
+    /// heartbeat carries it.
     async fn judge_last<S: Store>(&mut self, board: &PaceBoard<S>) {
         let note = self.note.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        let Some(done) = note.and_then(|json| serde_json::from_str::<NodeWindow>(&json).ok()) else { return };
+        let Some(done) = note.as_deref().and_then(|json| parse_note(json).pop()) else { return };
         self.gauges(&done);
         if board.group_rank != 0 || done.window <= self.judged {
             return;
         }
-        let windows: Vec<NodeWindow> = match board.windows().await {
-            Ok(all) => all.iter().filter_map(|w| serde_json::from_str::<NodeWindow>(w).ok()).filter(|w| w.window == done.window).collect(),
+        let notes: Vec<Vec<NodeWindow>> = match board.windows().await {
+            Ok(all) => all.iter().map(|w| parse_note(w)).filter(|n| !n.is_empty()).collect(),
             Err(e) => {
                 tracing::debug!("cannot read the nodes' windows: {e}");
                 return;
             }
         };
-        self.judged = done.window;
-        let every_node = windows.len() >= board.group_world_size as usize;
-        self.verdict(board, &windows, done.window, every_node).await;
+        for (window, windows) in ready(&notes, self.judged, done.window) {
+            self.judged = window;
+            let every_node = windows.len() >= board.group_world_size as usize;
+            self.verdict(board, &windows, window, every_node).await;
+        }
     }
 
     /// Names each new straggler, says when one keeps pace again, and under `drain` names the node of one
@@ -153,37 +154,34 @@ impl Monitor {
             self.training_since.get_or_insert(window);
         }
         let named = judge(windows);
-        let was = std::mem::take(&mut self.streaks);
-        for s in &named {
-            let streak = was.get(&s.rank).copied().unwrap_or(0) + 1;
-            self.streaks.insert(s.rank, streak);
-            // One window is not enough: on a busy host a rank may lose the CPU for a while by chance.
-            if streak == NAMED_AFTER {
-                tracing::warn!("{} (two windows of {:?})", s.line(), self.cfg.window);
-                self.events.emit(
-                    "muster.agent.straggler",
-                    json!({
-                        "rank": s.rank,
-                        "local_rank": s.local_rank,
-                        "group_rank": s.group_rank,
-                        "node": s.node,
-                        "why": s.why,
-                        "window": window,
-                        "windows_training": self.training_since.map(|t| window + 1 - t.min(window)),
-                    }),
-                );
-                if let Some(m) = &self.metrics {
-                    m.straggler();
-                }
+        let changes = self.stretches.window(&named.iter().map(|s| s.rank).collect::<Vec<_>>());
+        for s in named.iter().filter(|s| changes.named.contains(&s.rank)) {
+            tracing::warn!("{} (two windows of {:?})", s.line(), self.cfg.window);
+            self.events.emit(
+                "muster.agent.straggler",
+                json!({
+                    "rank": s.rank,
+                    "local_rank": s.local_rank,
+                    "group_rank": s.group_rank,
+                    "node": s.node,
+                    "why": s.why,
+                    "window": window,
+                    "windows_training": self.training_since.map(|t| window + 1 - t.min(window)),
+                }),
+            );
+            if let Some(m) = &self.metrics {
+                m.straggler();
             }
-            if streak >= NAMED_AFTER && self.cfg.on_straggler == OnStraggler::Drain {
+        }
+        if self.cfg.on_straggler == OnStraggler::Drain {
+            for s in named.iter().filter(|s| changes.lagging.contains(&s.rank)) {
                 let line = format!("{} for two windows of {:?}; its node drains (--on-straggler drain)", s.line(), self.cfg.window);
                 if let Err(e) = board.put_verdict(&s.id, &line).await {
                     tracing::warn!("cannot name the straggler's node to drain: {e}");
                 }
             }
         }
-        for (rank, _) in was.iter().filter(|(r, n)| **n >= NAMED_AFTER && !self.streaks.contains_key(r)) {
+        for rank in changes.again {
             tracing::info!("straggler: rank {rank} keeps pace again");
         }
     }
@@ -195,5 +193,73 @@ impl Monitor {
                 m.wait_share(r.rank, share);
             }
         }
+    }
+}
+
+/// A heartbeat's pace note: its node's last complete windows, oldest first (one window, not a list, from an
+/// agent before the note carried two). Nothing where it does not parse.
+fn parse_note(json: &str) -> Vec<NodeWindow> {
+    serde_json::from_str::<Vec<NodeWindow>>(json)
+        .or_else(|_| serde_json::from_str::<NodeWindow>(json).map(|w| vec![w]))
+        .unwrap_or_default()
+}
+
+/// The windows after `judged`, up to `newest` (this node's last), that can be judged now, in order, each with
+/// every node's summary of it: a window waits while a node's heartbeat does not carry it yet, unless that
+/// node's newest window is over two behind (its sampler stopped: it is left out).
+fn ready(notes: &[Vec<NodeWindow>], judged: u64, newest: u64) -> Vec<(u64, Vec<NodeWindow>)> {
+    let newest_of = |n: &Vec<NodeWindow>| n.iter().map(|w| w.window).max().unwrap_or(0);
+    let live: Vec<&Vec<NodeWindow>> = notes.iter().filter(|n| newest_of(n) + 2 >= newest).collect();
+    let ids: BTreeSet<u64> = live.iter().flat_map(|n| n.iter().map(|w| w.window)).filter(|w| (judged + 1..=newest).contains(w)).collect();
+    let mut out = Vec::new();
+    for window in ids {
+        if live.iter().any(|n| newest_of(n) < window) {
+            break;
+        }
+        let windows = live.iter().filter_map(|n| n.iter().find(|w| w.window == window)).cloned().collect();
+        out.push((window, windows));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn note(node: u32, windows: &[u64]) -> Vec<NodeWindow> {
+        let w = |window| NodeWindow { window, node: format!("h{node}"), id: format!("n{node}"), group_rank: node, ranks: Vec::new(), denied: false };
+        windows.iter().map(|&x| w(x)).collect()
+    }
+
+    #[test]
+    fn a_window_is_judged_once_every_live_node_carries_it() {
+        // (each node's note, the last window judged, this node's newest; the windows judged, with how many nodes)
+        type Row = (Vec<Vec<NodeWindow>>, u64, u64, Vec<(u64, usize)>);
+        let rows: Vec<Row> = vec![
+            // Every node carries 10 and 11.
+            (vec![note(0, &[10, 11]), note(1, &[10, 11])], 9, 11, vec![(10, 2), (11, 2)]),
+            // Node 1's beat has not carried 11 yet: 10 now, 11 at the next read (no judgement of 11 alone).
+            (vec![note(0, &[10, 11]), note(1, &[9, 10])], 9, 11, vec![(10, 2)]),
+            (vec![note(0, &[10, 11]), note(1, &[9, 10])], 10, 11, vec![]),
+            // Node 1 is ahead: 10 dropped from its note, judged without it.
+            (vec![note(0, &[10, 11]), note(1, &[11, 12])], 9, 11, vec![(10, 1), (11, 2)]),
+            // Node 1's sampler stopped long ago: left out.
+            (vec![note(0, &[10, 11]), note(1, &[7, 8])], 9, 11, vec![(10, 1), (11, 1)]),
+            // Nothing new.
+            (vec![note(0, &[10, 11]), note(1, &[10, 11])], 11, 11, vec![]),
+        ];
+        for (i, (notes, judged, newest, want)) in rows.into_iter().enumerate() {
+            let got: Vec<(u64, usize)> = ready(&notes, judged, newest).into_iter().map(|(w, ws)| (w, ws.len())).collect();
+            assert_eq!(got, want, "row {i}");
+        }
+    }
+
+    #[test]
+    fn a_note_is_two_windows_or_one_from_an_older_agent() {
+        let two = serde_json::to_string(&note(0, &[4, 5])).expect("json");
+        assert_eq!(parse_note(&two).iter().map(|w| w.window).collect::<Vec<_>>(), [4, 5]);
+        let one = serde_json::to_string(&note(0, &[5])[0]).expect("json");
+        assert_eq!(parse_note(&one).iter().map(|w| w.window).collect::<Vec<_>>(), [5]);
+        assert!(parse_note("{").is_empty());
     }
 }

@@ -1,6 +1,7 @@
-//! The sampler: a thread that reads each local rank's main-thread stack every [`SAMPLE_EVERY`] (py-spy as a
-//! library, non-blocking: the process is never paused) and its GPU's SM clock and clock-event reasons, and
-//! sums them per window. The window before the current one is what the heartbeat carries.
+//! The sampler: a thread that reads each local rank's main-thread stack and kernel state on a fixed schedule
+//! ([`sample_every`]; py-spy as a library, non-blocking: the process is never paused) and its GPU's SM clock
+//! and clock-event reasons, and sums them per window. The last two complete windows are what the heartbeat
+//! carries (so that group rank 0 finds each window on every node's beat whatever the beats' phase).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,11 +12,21 @@ use nvml_wrapper::enum_wrappers::device::Clock;
 use nvml_wrapper::Nvml;
 
 use super::judge::{classify, NodeWindow, RankWindow, Sample};
-use crate::hang::capture::{Frame, Target};
+use crate::hang::capture::{proc_state, Frame, Target};
+use crate::hang::wait::ThreadState;
 use crate::rendezvous::pace::PaceNote;
 
-/// How often each rank is sampled: a stack read costs well under a millisecond of the agent's CPU.
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// How often each rank is sampled at most: a stack read costs well under a millisecond of the agent's CPU.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// Sampling times a window holds at least: twice what the judge needs, so that a window keeps enough
+/// samples when some are lost (a rank between two attaches, a late wake-up on a busy host).
+const TICKS_PER_WINDOW: u32 = 2 * super::judge::MIN_SAMPLES;
+
+/// The sampling period for `window`: every 250 ms, more often in a window too short for
+/// [`TICKS_PER_WINDOW`] of those.
+pub fn sample_every(window: Duration) -> Duration {
+    SAMPLE_EVERY.min(window / TICKS_PER_WINDOW)
+}
 /// How long after a failed attach (the interpreter still starting) the next try is made.
 const ATTACH_RETRY: Duration = Duration::from_secs(2);
 
@@ -79,8 +90,8 @@ struct Reader {
 }
 
 impl Reader {
-    /// The main thread's frames now (None: not readable now).
-    fn frames(&mut self) -> Option<Vec<Frame>> {
+    /// The main thread's frames and kernel state now (None: not readable now).
+    fn frames(&mut self) -> Option<(Vec<Frame>, ThreadState)> {
         if self.spy.is_none() {
             if self.denied || Instant::now() < self.next_try {
                 return None;
@@ -96,6 +107,8 @@ impl Reader {
                 }
             }
         }
+        // Read first, as py-spy does: the state of the thread whose frames are read next.
+        let state = ThreadState::from_letter(proc_state(self.target.pid).as_deref());
         let traces = match self.spy.as_mut()?.get_stack_traces() {
             Ok(t) => t,
             Err(_) => {
@@ -107,7 +120,8 @@ impl Reader {
         };
         let pid = self.target.pid as u64;
         let main = traces.iter().find(|t| t.os_thread_id == Some(pid)).or_else(|| traces.first())?;
-        Some(main.frames.iter().map(|f| Frame { function: f.name.clone(), file: f.filename.clone(), line: f.line, code: None }).collect())
+        let frames = main.frames.iter().map(|f| Frame { function: f.name.clone(), file: f.filename.clone(), line: f.line, code: None });
+        Some((frames.collect(), state))
     }
 }
 
@@ -127,35 +141,24 @@ fn run(armed: Armed, note: &PaceNote, stop: &AtomicBool) {
         .collect();
     let mut sums: Vec<Sums> = readers.iter().map(|_| Sums::default()).collect();
     let mut current = window_of(armed.window);
+    let mut done: Vec<NodeWindow> = Vec::new();
     let mut said_denied = false;
+    let every = sample_every(armed.window);
+    let mut tick = Instant::now();
     while !stop.load(Ordering::Relaxed) {
         let now = window_of(armed.window);
         if now != current {
-            let done = summarize(&armed, current, &readers, &mut sums);
+            done.push(summarize(&armed, current, &readers, &mut sums));
+            if done.len() > 2 {
+                done.remove(0);
+            }
             if let Ok(json) = serde_json::to_string(&done) {
                 *note.lock().unwrap_or_else(PoisonError::into_inner) = Some(json);
             }
             current = now;
         }
         for (reader, sum) in readers.iter_mut().zip(sums.iter_mut()) {
-            if let Some(frames) = reader.frames() {
-                match classify(&frames) {
-                    Sample::Starting => {}
-                    Sample::Waiting => {
-                        sum.samples += 1;
-                        sum.waiting += 1;
-                    }
-                    Sample::Working(frame) => {
-                        sum.samples += 1;
-                        if let Some(f) = frame {
-                            *sum.frames.entry(f).or_default() += 1;
-                        }
-                    }
-                }
-            }
-            if let (Some(nvml), Some(gpu)) = (armed.nvml, armed.gpus.get(&reader.target.local_rank)) {
-                gpu_sample(nvml, *gpu, sum);
-            }
+            sample(&armed, reader, sum);
         }
         if !said_denied && readers.iter().any(|r| r.denied) {
             tracing::warn!(
@@ -164,7 +167,35 @@ fn run(armed: Armed, note: &PaceNote, stop: &AtomicBool) {
             );
             said_denied = true;
         }
-        std::thread::sleep(SAMPLE_EVERY);
+        // A fixed schedule, whatever the samples took; a wake-up late by more than a period starts it again.
+        tick += every;
+        let now = Instant::now();
+        if tick < now {
+            tick = now;
+        }
+        std::thread::sleep(tick - now);
+    }
+}
+
+/// One sample of one rank: its stack and state, its GPU.
+fn sample(armed: &Armed, reader: &mut Reader, sum: &mut Sums) {
+    if let Some((frames, state)) = reader.frames() {
+        match classify(&frames, state) {
+            Sample::Starting => {}
+            Sample::Waiting => {
+                sum.samples += 1;
+                sum.waiting += 1;
+            }
+            Sample::Working(frame) => {
+                sum.samples += 1;
+                if let Some(f) = frame {
+                    *sum.frames.entry(f).or_default() += 1;
+                }
+            }
+        }
+    }
+    if let (Some(nvml), Some(gpu)) = (armed.nvml, armed.gpus.get(&reader.target.local_rank)) {
+        gpu_sample(nvml, *gpu, sum);
     }
 }
 

@@ -35,7 +35,8 @@ impl HangJob {
         self.dir.path()
     }
 
-    fn args(&self, node: &str, endpoint: &str, conf: &str, muster_args: &[&str], script_args: &[&str]) -> Vec<String> {
+    /// What every agent of these tests is given, before the script.
+    fn agent_args(&self, node: &str, endpoint: &str, conf: &str, muster_args: &[&str]) -> AgentArgs {
         let p = self.path();
         AgentArgs::c10d(2, endpoint)
             .nproc(2)
@@ -45,6 +46,11 @@ impl HangJob {
             .opt(format!("--log-dir={}", p.join("logs").join(node).display()))
             .opt(format!("--event-log={}", p.join(format!("{node}.events")).display()))
             .opts(muster_args)
+    }
+
+    fn args(&self, node: &str, endpoint: &str, conf: &str, muster_args: &[&str], script_args: &[&str]) -> Vec<String> {
+        let p = self.path();
+        self.agent_args(node, endpoint, conf, muster_args)
             .script(fixture("hang_train.py"))
             .arg("--ckpt-dir")
             .arg(p.join("ckpt"))
@@ -56,10 +62,15 @@ impl HangJob {
 
     /// Agents `a` (hosting the store; group rank 0 as the first to join) and `b`.
     fn start(&self, muster_args: &[&str], script_args: &[&str]) -> (Agent, Agent) {
-        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1", muster_args, script_args));
+        self.start_with(|node, endpoint, conf| self.args(node, endpoint, conf, muster_args, script_args))
+    }
+
+    /// The same two agents, each with the arguments `args(node, endpoint, conf)`.
+    fn start_with(&self, args: impl Fn(&str, &str, &str) -> Vec<String>) -> (Agent, Agent) {
+        let a = Agent::start("a", &args("a", "127.0.0.1:0", "is_host=1"));
         let port = a.hosted_port();
         let endpoint = format!("127.0.0.1:{port}");
-        let b = Agent::start("b", &self.args("b", &endpoint, "read_timeout=60", muster_args, script_args));
+        let b = Agent::start("b", &args("b", &endpoint, "read_timeout=60"));
         (a, b)
     }
 
@@ -194,9 +205,9 @@ fn a_sleeping_rank_found_by_its_progress_file_is_named_captured_and_restarted() 
 }
 
 /// Rank 3 shows step 20's progress, then blocks on a lock before the collective the others enter: no rank
-/// stopped first, so the verdict is job-wide, and it still shows where each rank is.
+/// stopped first, but the others wait in it and rank 3 does not: rank 3 is named, and where the others wait.
 #[test]
-fn every_rank_blocked_in_one_step_is_a_job_wide_hang() {
+fn a_rank_blocked_within_the_step_the_others_wait_in_is_named() {
     let job = HangJob::new();
     let timeout = TIMEOUT_S.to_string();
     let (mut a, mut b) =
@@ -205,16 +216,46 @@ fn every_rank_blocked_in_one_step_is_a_job_wide_hang() {
     assert_eq!(b.exit_code(LONG), Some(0), "{}", logs(&a, &b));
     let all = logs(&a, &b);
     let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{all}"));
-    assert!(line.starts_with("hang: job-wide: no rank made progress since "), "{line}");
-    assert!(
-        line.contains(&format!("ranks 0-2 in {}", in_all_reduce()))
-            && line.contains("rank 3 in wait_for_lock (hang_train.py:"),
-        "{line}"
-    );
+    // The second acquire, the one that blocks.
+    let lock = fixture_line("hang_train.py", "def wait_for_lock") + 2;
+    assert!(line.starts_with("hang: rank 3 (node "), "{line}");
+    assert!(line.contains(&format!("main thread in hang_train.py:{lock} wait_for_lock (LOCK.acquire())")), "{line}");
+    assert!(line.contains(&format!("the other 3 ranks wait on it in {}", in_all_reduce())), "{line}");
     let files = job.stack_files("attempt_0", "stacks");
     assert_eq!(files.len(), 4, "{files:?}");
     assert!(files[3].1.contains("wait_for_lock (") && files[3].1.contains("LOCK.acquire()"), "{}", files[3].1);
-    assert_eq!(job.report()[0]["verdict"]["kind"], "job_wide");
+    let report = job.report();
+    assert_eq!(report[0]["verdict"]["kind"], "waited_on", "{report}");
+    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([3]), "{report}");
+}
+
+/// A DistributedDataParallel job (tests/fixtures/ddp_worker.py): rank 1 shows step 20's progress, then blocks
+/// in its data fetch; the others wait for it inside `loss.backward()` (DDP's reducer, below Python, under the
+/// same Python frame as the backward's compute). Rank 1 is named, and where the others wait; not a job-wide hang.
+#[test]
+fn a_ddp_rank_the_others_wait_on_inside_backward_is_named() {
+    let job = HangJob::new();
+    let timeout = TIMEOUT_S.to_string();
+    let muster_args = ["--hang-timeout", &timeout, "--progress-pattern", r"step \d+"];
+    let (mut a, mut b) = job.start_with(|node, endpoint, conf| {
+        job.agent_args(node, endpoint, conf, &muster_args)
+            .script(fixture("ddp_worker.py"))
+            .arg(job.path())
+            .args(["--hang-rank=1", "--hang-at=20", "--steps=30"])
+            .build()
+    });
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", logs(&a, &b));
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", logs(&a, &b));
+    let all = logs(&a, &b);
+    let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{all}"));
+    let fetch = fixture_line("ddp_worker.py", "    time.sleep(seconds)");
+    assert!(line.starts_with("hang: rank 1 (node ") && line.contains(", local rank 1) made no progress since "), "{line}");
+    assert!(line.contains(&format!("main thread in ddp_worker.py:{fetch} fetch_batch (time.sleep(seconds))")), "{line}");
+    assert!(line.contains("the other 3 ranks wait on it in main (ddp_worker.py:"), "{line}");
+    assert!(line.contains("→ _engine_run_backward (graph.py:"), "{line}");
+    let report = job.report();
+    assert_eq!(report[0]["verdict"]["kind"], "waited_on", "{report}");
+    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([1]), "{report}");
 }
 
 /// `--on-hang report`: the workers keep running, and one hang is captured once however long it lasts.

@@ -9,6 +9,7 @@ use crate::common;
 use common::cluster::*;
 use common::*;
 use serde_json::Value;
+use std::time::Duration;
 
 /// The straggler window of these tests (at least two heartbeats: `keep_alive_interval=1`).
 const WINDOW: &str = "--straggler-window=3";
@@ -23,7 +24,8 @@ impl Job {
         Job { dir: tempfile::tempdir().expect("tempdir"), run_id: format!("pace{}", std::process::id()) }
     }
 
-    fn args(&self, node: &str, endpoint: &str, conf: &str, extra: &[&str], slow: u32) -> Vec<String> {
+    /// Agent `node`'s arguments, running `script` with `script_args` after OUTDIR.
+    fn args(&self, node: &str, endpoint: &str, conf: &str, extra: &[&str], script: &str, script_args: &[String]) -> Vec<String> {
         let hook = format!("env | grep '^MUSTER_FAULT_' > {}", self.dir.path().join(format!("hook-{node}.env")).display());
         let events = format!("--event-log={}", self.dir.path().join(format!("events-{node}.jsonl")).display());
         AgentArgs::c10d("1:2", endpoint)
@@ -32,17 +34,23 @@ impl Job {
             .run_id(&self.run_id)
             .opts(["--shutdown-timeout=5", WINDOW, &events, "--on-node-fault", &hook])
             .opts(extra)
-            .script(fixture("straggler_worker.py"))
+            .script(fixture(script))
             .arg(self.dir.path())
-            .arg(slow.to_string())
+            .args(script_args)
             .build()
     }
 
     /// Agents a (hosting the store) and b, rank `slow` three times slower than the others.
     fn start(&self, extra: &[&str], slow: u32) -> (Agent, Agent) {
-        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1,keep_alive_interval=1", extra, slow));
+        self.start_script(extra, "straggler_worker.py", &[slow.to_string()])
+    }
+
+    /// Agents a (hosting the store) and b running `script`.
+    fn start_script(&self, extra: &[&str], script: &str, script_args: &[String]) -> (Agent, Agent) {
+        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1,keep_alive_interval=1", extra, script, script_args));
         let port = a.hosted_port();
-        let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), "last_call_timeout=1,keep_alive_interval=1", extra, slow));
+        let b_conf = "last_call_timeout=1,keep_alive_interval=1";
+        let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), b_conf, extra, script, script_args));
         (a, b)
     }
 
@@ -121,4 +129,91 @@ fn a_gpu_slowed_on_the_fake_nvml_is_named() {
     assert!(!agent.log().contains("straggler: rank 0 "), "{}", agent.log());
     std::fs::write(dir.path().join("finish"), "").expect("finish");
     assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+}
+
+/// A slowdown of rank 2 in a DDP job, where the others wait inside `loss.backward()`.
+enum Slowdown {
+    Data,
+    Compute,
+    /// SIGSTOP for 150 ms, then SIGCONT for 100 ms, from outside, for as long as the test runs.
+    Pulsed,
+}
+
+/// Rank 2 (node b's local rank 0) of a DDP job (tests/fixtures/ddp_worker.py) is slowed: group rank 0 names it
+/// within two windows of training, with the function of the script it is in, and nobody else.
+fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
+    let job = Job::new();
+    let script_args: Vec<String> = match slowdown {
+        Slowdown::Data => vec!["--slow-rank=2".into(), "--slow-by=data".into()],
+        Slowdown::Compute => vec!["--slow-rank=2".into(), "--slow-by=compute".into()],
+        Slowdown::Pulsed => Vec::new(),
+    };
+    let (mut a, mut b) = job.start_script(&[], "ddp_worker.py", &script_args);
+    let world = wait_world(job.dir.path(), 4, 4);
+    let pulses = matches!(slowdown, Slowdown::Pulsed).then(|| {
+        let pid = world.iter().find(|s| s.rank == 2).expect("rank 2").pid;
+        Pulser::start(pid, Duration::from_millis(150), Duration::from_millis(100))
+    });
+    let line = "straggler: rank 2 on node ";
+    let named = eventually(LONG, || a.log().contains(line));
+    drop(pulses);
+    assert!(named, "no {line:?} in\n{}\n---\n{}", a.log(), b.log());
+    let named = job.stragglers("a");
+    assert_eq!(named.len(), 1, "{named:?}");
+    let e = &named[0];
+    assert_eq!((e["rank"].as_u64(), e["local_rank"].as_u64(), e["group_rank"].as_u64()), (Some(2), Some(0), Some(1)), "{e}");
+    assert!(e["windows_training"].as_u64().is_some_and(|w| w <= 2), "named later than two windows of training: {e}");
+    let why = e["why"].as_str().unwrap_or_default();
+    assert!(why.contains("the job's median") && why.contains("it works in ddp_worker.py:") && why.contains(frame), "{why}");
+    job.finish();
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+}
+
+#[test]
+fn a_ddp_rank_slow_on_data_is_named() {
+    a_ddp_straggler_is_named(Slowdown::Data, " fetch_batch");
+}
+
+#[test]
+fn a_ddp_rank_slow_on_compute_is_named() {
+    a_ddp_straggler_is_named(Slowdown::Compute, " heavy_compute");
+}
+
+#[test]
+fn a_ddp_rank_stopped_and_continued_from_outside_is_named() {
+    a_ddp_straggler_is_named(Slowdown::Pulsed, "");
+}
+
+/// Sends SIGSTOP and SIGCONT to a worker in turn until dropped (then SIGCONT).
+struct Pulser {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Pulser {
+    fn start(pid: i32, stopped: Duration, running: Duration) -> Pulser {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                // SAFETY: kill(2) of a worker this test's agent started.
+                unsafe { libc::kill(pid, libc::SIGSTOP) };
+                std::thread::sleep(stopped);
+                // SAFETY: as above.
+                unsafe { libc::kill(pid, libc::SIGCONT) };
+                std::thread::sleep(running);
+            }
+        });
+        Pulser { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Pulser {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
 }
