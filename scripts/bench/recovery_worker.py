@@ -7,7 +7,7 @@ got there. The start time is taken before importing torch: what comes before it 
 recovery, what comes after it (importing torch, forming the process group) the worker's.
 Then it idles (no collectives: a dead peer must be noticed by the launcher, not by a collective timing out)
 until OUTDIR/finish exists, exiting 0. When OUTDIR/crash appears, exactly one worker takes it (an atomic
-rename) and exits 1: the crash of scenario (a). It also exits when its parent goes away, so a launcher
+rename) and exits 1: the crash of scenario (a); OUTDIR/crash-<node>, the same on node $BENCH_NODE alone. It also exits when its parent goes away, so a launcher
 killed with SIGKILL that leaves its workers behind (torchrun does) leaves nothing running for long.
 """
 
@@ -35,15 +35,16 @@ with open(tmp, "w") as f:
     f.write(line)
 os.rename(tmp, os.path.join(running, str(os.getpid())))
 
-crash = os.path.join(outdir, "crash")
+crashes = [os.path.join(outdir, "crash"), os.path.join(outdir, f"crash-{env.get('BENCH_NODE', '?')}")]
 finish = os.path.join(outdir, "finish")
 while not os.path.exists(finish):
     if os.getppid() != parent:
         os._exit(0)
-    try:
-        os.rename(crash, os.path.join(outdir, f"crashed-{os.getpid()}"))
-        os._exit(1)
-    except FileNotFoundError:
-        pass
+    for crash in crashes:
+        try:
+            os.rename(crash, os.path.join(outdir, f"crashed-{os.getpid()}"))
+            os._exit(1)
+        except FileNotFoundError:
+            pass
     time.sleep(0.01)
 dist.destroy_process_group()

@@ -27,9 +27,9 @@ use crate::supervisor::{Watch, WorkerGroup};
 /// death (the driver reports an XID tens of milliseconds after the process it killed is gone).
 const FAULT_SETTLE: Duration = Duration::from_millis(250);
 
-/// How long a worker's death by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT) waits for the agent's own
-/// signal before it counts as a failure: `scancel` and container runtimes signal every process at once,
-/// and the workers may die before the agent handles its copy.
+/// How long a worker's death by a stop signal (SIGTERM, SIGINT, SIGHUP, SIGQUIT), or the store's host's end,
+/// waits for the agent's own signal before it counts: `scancel` and container runtimes signal every process
+/// at once, and the workers, or the agent hosting the store, may be gone before this agent handles its copy.
 const SIGNAL_HOLD: Duration = Duration::from_secs(1);
 
 /// How long the `--on-node-fault` hook may run.
@@ -78,6 +78,16 @@ pub(super) struct Work {
 impl Work {
     /// `excluded`: the GPUs the job no longer uses, as the join's health gate needs them.
     pub(super) async fn operate(&mut self, op: Op, restart_count: u32, nproc: u32, excluded: BTreeSet<u32>) -> Input {
+        let input = self.run(op, restart_count, nproc, excluded).await;
+        if let Input::Failed(AgentError::Rendezvous(RdzvError::StoreHostEnded { .. })) = &input {
+            // `scancel` stops the store's host and this agent at once: its own signal, should it come now,
+            // is why this node ends (the driver takes it first), not the store's loss.
+            tokio::time::sleep(SIGNAL_HOLD).await;
+        }
+        input
+    }
+
+    async fn run(&mut self, op: Op, restart_count: u32, nproc: u32, excluded: BTreeSet<u32>) -> Input {
         match op {
             Op::Join => self.join(nproc, restart_count, excluded).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
@@ -275,6 +285,18 @@ impl Work {
             let _ = crate::supervisor::hook::run_hook(cmd, &env, HOOK_TIMEOUT, &self.guard).await;
         }
         Input::Drained
+    }
+
+    /// Stopped by `sig`: on the store's host, the job is closed with the signal, so that every member ends
+    /// with its code (bounded by `close_timeout`; a member stopped alone leaves the others to re-form).
+    pub(super) async fn close_stopped(&mut self, sig: Signal) {
+        let line = format!("node {} (the store's host) was stopped by {}", self.cfg.local_addr, sig.as_str());
+        let timeout = self.cfg.rdzv.close_timeout;
+        match tokio::time::timeout(timeout, self.rendezvous.close_stopped(sig, line)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::debug!("cannot tell the members the job was stopped: {e}"),
+            Err(_) => tracing::debug!("cannot tell the members the job was stopped within close_timeout ({timeout:?})"),
+        }
     }
 
     /// On success, the exit barrier (the node hosting the store outlives the others' use of it); then the

@@ -27,6 +27,7 @@ pub fn log_change(event: &RdzvEvent, doing: &str) {
         }
         RdzvEvent::Closed(Closure::Failed(line)) => tracing::info!("{doing}: the job failed on another node ({line}); ending"),
         RdzvEvent::Closed(Closure::Finished) => tracing::info!("{doing}: the job was closed on another node; ending"),
+        RdzvEvent::Closed(Closure::Stopped { line, .. }) => tracing::info!("{doing}: the job was stopped ({line}); ending"),
         event => tracing::info!(?event, "{doing}; re-forming the group (no restart spent)"),
     }
 }

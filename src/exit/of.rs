@@ -41,6 +41,8 @@ fn of_rendezvous(e: &RdzvError) -> u8 {
         | RdzvError::StoreRefused { .. } => RDZV_INCOMPLETE,
         RdzvError::Closed(_) | RdzvError::FailedElsewhere(_) => RDZV_CLOSED,
         RdzvError::RestartBudget(_) => RESTART_BUDGET_SPENT,
+        // The store's host was stopped by this signal: every node ends as if it had been.
+        RdzvError::StoppedElsewhere { signal: sig, .. } => nix::sys::signal::Signal::try_from(*sig).map_or(FAILED, signal),
         RdzvError::KeptOut(_) => NODE_UNHEALTHY,
         // The same on every retry: the nodes were started with different settings.
         RdzvError::Mismatch(_) | RdzvError::State(_) => FAILED,
@@ -105,6 +107,7 @@ mod tests {
             ("no such host", Err(AgentError::Resolve("n1:29500".into(), io())), 3),
             ("closed", rdzv(RdzvError::Closed("j".into())), 4),
             ("failed on another node", rdzv(RdzvError::FailedElsewhere("node n1: workers failed".into())), 4),
+            ("stopped on the store's host", rdzv(RdzvError::StoppedElsewhere { signal: 15, line: "x".into() }), 143),
             ("store's host ended", rdzv(RdzvError::StoreHostEnded { node: "n0".into(), addr: "n0:29500".into() }), 3),
             ("store refused", rdzv(RdzvError::StoreRefused { addr: "s:29500".into(), waited: Duration::from_secs(15) }), 3),
             ("refused at the store", rdzv(RdzvError::Store(StoreError::Refused { addr: addr() })), 3),

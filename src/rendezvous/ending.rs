@@ -49,6 +49,11 @@ impl<S: Store> Rendezvous<S> {
         Ok(())
     }
 
+    /// Whether this agent hosts the store.
+    pub(super) fn hosts_store(&self) -> bool {
+        self.store_host == StoreHost::Agent(self.me.id.clone())
+    }
+
     /// Whether this agent has yet to learn which agent hosts the store (it reads [`STORE_HOST`] with the
     /// keys it reads once its first round is sealed).
     pub(super) fn store_host_unknown(&self) -> bool {
@@ -91,7 +96,7 @@ impl<S: Store> Rendezvous<S> {
     /// acknowledged the closure, at most [`LINGER_INTERVALS`] keep-alive intervals. Elsewhere, or when the
     /// job is not closed (this agent ends by a signal or a drain), returns at once.
     pub async fn outlive_closure(&self) {
-        if self.store_host != StoreHost::Agent(self.me.id.clone()) || !self.closure_acked.load(Ordering::SeqCst) {
+        if !self.hosts_store() || !self.closure_acked.load(Ordering::SeqCst) {
             return;
         }
         let bound = self.settings.keep_alive_interval * LINGER_INTERVALS;

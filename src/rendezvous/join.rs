@@ -220,8 +220,9 @@ impl<S: Store> Rendezvous<S> {
         let mut unsealed_at = recorded_at;
         let sealed_key = self.key(&format!("r/{round}/sealed"));
         let min = i64::from(self.settings.min_nodes);
-        let full = |joined: i64| self.full(joined, expected);
-        let mut seal_due = full(slot);
+        // Lowered by a node that leaves the round it was expected in (`shrink_open_round`).
+        let mut expected = expected;
+        let mut seal_due = self.full(slot, expected);
         let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
         // The sealer lock's holder at the last look (empty: none seen).
         let mut holder = Vec::new();
@@ -264,20 +265,20 @@ impl<S: Store> Rendezvous<S> {
             // The wait read the key absent after it began.
             unsealed_at = now;
             let mut read = self.read_keys(&look).await?.into_iter();
-            if super::round_counter(read.next().flatten()).1 != round {
+            let (_, now_round, now_expected) = super::round_counter(read.next().flatten());
+            if now_round != round {
                 return Ok(Joined::Moved);
             }
+            expected = now_expected;
             let joined = read.next().flatten().map_or(Ok(0), |v| slots_taken(&v))?;
             holder = read.next().flatten().unwrap_or_default();
             let now = Instant::now();
             // Below MIN when this node joined: count the others until the last call starts; a backup for the
             // node that reached MIN, should it die before sealing.
-            if last_call.is_none() {
-                if full(joined) {
-                    seal_due = true;
-                } else if joined >= min {
-                    last_call = Some(now + self.settings.last_call_timeout);
-                }
+            if self.full(joined, expected) {
+                seal_due = true;
+            } else if last_call.is_none() && joined >= min {
+                last_call = Some(now + self.settings.last_call_timeout);
             }
             if last_call.is_some_and(|t| now >= t) {
                 seal_due = true;
@@ -415,6 +416,31 @@ impl<S: Store> Rendezvous<S> {
         self.store.compare_set(&key, &self.round_raw, to.as_bytes()).await?;
         if self.read_round().await?.1 > current.round {
             self.store.set(&self.key(&format!("r/{}/open", current.round + 1)), b"1").await?;
+        }
+        Ok(())
+    }
+}
+
+impl<S: Store> Rendezvous<S> {
+    /// This node leaves (a drain): a round opened after the last one it was in, still unsealed, counted it
+    /// in its expected nodes (`counter`, read while this node was alive); it now expects one fewer, and is
+    /// sealed here if every other node expected is in. The survivors know who is alive: a shrink waits for
+    /// no last call, whatever way the node left. A later joiner makes a re-formation of its own. A counter
+    /// moved since it was read (the others opened a round without this node) is left as it is.
+    pub(super) async fn shrink_open_round(&self, counter: super::RoundCounter) -> Result<(), RdzvError> {
+        let (raw, round, expected) = counter;
+        let (Some(expected), Some((was_in, _))) = (expected, self.prev) else { return Ok(()) };
+        if round <= was_in || expected <= 1 || self.store.get(&self.key(&format!("r/{round}/sealed"))).await?.is_some() {
+            return Ok(());
+        }
+        let fewer = expected - 1;
+        let to = format!("{round}/{fewer}");
+        if self.store.compare_set(&self.key("round"), &raw, to.as_bytes()).await? != to.as_bytes() {
+            return Ok(());
+        }
+        let joined = self.store.add(&self.key(&format!("r/{round}/slot")), 0).await?;
+        if self.full(joined, Some(fewer)) {
+            self.try_seal(round, false, &[], Some(fewer)).await?;
         }
         Ok(())
     }

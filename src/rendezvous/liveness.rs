@@ -17,13 +17,16 @@ use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
 impl<S: Store> Rendezvous<S> {
     /// Leaves at once (a drained node): the liveness key goes, so the members watching it re-form now
-    /// instead of after a heartbeat timeout.
+    /// instead of after a heartbeat timeout; a round already opened expecting this node expects one node
+    /// fewer (`shrink_open_round`), so its joiners wait for no last call.
     pub async fn leave(&mut self) -> Result<(), RdzvError> {
         if let Some(h) = self.heartbeat.take() {
             h.abort();
         }
+        // Read while this node is still alive: a round opened before its key goes counted it.
+        let counter = self.read_round().await?;
         self.store.delete(&self.key(&format!("alive/{}", self.me.id))).await?;
-        Ok(())
+        self.shrink_open_round(counter).await
     }
 
     /// Registers liveness and checks the launch fingerprint, then starts the heartbeat task. Call once

@@ -84,6 +84,10 @@ pub enum RdzvError {
     /// The job-wide restart budget is spent (this line is the same on every agent).
     #[error("{0}")]
     RestartBudget(String),
+    /// The store's host was stopped by signal number `signal` (a `scancel`, a preemption): the job ends
+    /// with it, every node with that signal's code.
+    #[error("the job was stopped: {line}; this node's workers are stopped with it")]
+    StoppedElsewhere { signal: i32, line: String },
     /// This host caused `--exclude-after` incidents (the line lists them).
     #[error("{0}")]
     KeptOut(String),
@@ -443,5 +447,16 @@ impl<S: Store> Rendezvous<S> {
     /// with the line the others end with.
     pub async fn close(&self, failed: Option<String>) -> Result<(), RdzvError> {
         self.close_with(&failed.map_or(Closure::Finished, Closure::Failed)).await
+    }
+
+    /// On the store's host stopped by `sig`: the store goes with this agent, so the job ends here; say so,
+    /// so that every member ends with the same signal's code rather than finding the store gone (a member
+    /// stopped by the same `scancel` would otherwise race its own signal). Elsewhere nothing: a member
+    /// stopped alone leaves, and the others re-form without it.
+    pub async fn close_stopped(&self, sig: nix::sys::signal::Signal, line: String) -> Result<(), RdzvError> {
+        if !self.hosts_store() {
+            return Ok(());
+        }
+        self.close_with(&Closure::Stopped { signal: sig as i32, line }).await
     }
 }

@@ -458,6 +458,38 @@ pub(super) mod shared {
         assert!(again.iter().all(|(_, i)| i.round == late_info.round && i.group_world_size == 3));
     }
 
+    /// A node opens the next round (a failure of its own), then drains before it joins it (its health gate
+    /// failed): the round it was counted in expects one node fewer. The others, with a 30 s last call, are
+    /// sealed at once, whether they joined before it left (it seals) or after (they see the count lowered).
+    async fn a_node_that_drains_after_opening_a_round_is_not_waited_for<B: Backend>(b: B) {
+        drains_after_opening(b, true).await;
+    }
+
+    async fn a_node_that_drains_before_the_others_join_is_not_waited_for<B: Backend>(b: B) {
+        drains_after_opening(b, false).await;
+    }
+
+    async fn drains_after_opening<B: Backend>(b: B, others_in_first: bool) {
+        let mut joined = three_in_one_round(&b).await;
+        for (a, _) in joined.iter_mut() {
+            a.settings.last_call_timeout = Duration::from_secs(30);
+        }
+        let (mut leaver, info) = joined.pop().expect("three");
+        leaver.open_next_round().await.expect("open");
+        let slot = leaver.key(&format!("r/{}/slot", info.round + 1));
+        let others = tokio::spawn(join_all(joined.into_iter().map(|(a, _)| a).collect()));
+        if others_in_first {
+            while leaver.store.add(&slot, 0).await.expect("slots") < 2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        leaver.leave().await.expect("leave");
+        // Far below the last call: only a round sealed at once finishes in time.
+        let again = tokio::time::timeout(Duration::from_secs(5), others).await.expect("sealed at once").expect("join task");
+        let rounds: Vec<&RoundInfo> = again.iter().map(|(_, i)| i).collect();
+        assert!(rounds.iter().all(|i| i.round == info.round + 1 && i.group_world_size == 2), "{rounds:?}");
+    }
+
     /// Requests of the members are dropped midway, at many points (a published wait and an event wait
     /// cancelled by a timeout, a heartbeat write that took too long); the group still sees the next membership
     /// change, re-forms, and its new rank 0's publication reaches the other.
@@ -559,6 +591,8 @@ pub(super) mod shared {
         a_different_launch_is_refused,
         a_different_nnodes_is_refused,
         a_joiner_that_fills_max_reforms_at_once,
+        a_node_that_drains_after_opening_a_round_is_not_waited_for,
+        a_node_that_drains_before_the_others_join_is_not_waited_for,
         requests_dropped_midway_leave_the_group_able_to_reform,
         a_joiner_beats_only_once_its_round_is_sealed,
         too_few_nodes_time_out_and_closed_jobs_refuse

@@ -51,16 +51,19 @@ impl Fingerprint {
 }
 
 /// Why the job is closed (`closed`): it finished, it failed on a node out of restarts (with that node's
-/// line), or its restart budget is spent (with the line every agent ends with).
+/// line), its restart budget is spent (with the line every agent ends with), or the store's host was
+/// stopped by a signal (its number and line: every agent ends with that signal's code).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Closure {
     Finished,
     Failed(String),
     OverBudget(String),
+    Stopped { signal: i32, line: String },
 }
 
 const OVER_BUDGET: &str = "over budget: ";
 const FAILED: &str = "failed: ";
+const STOPPED: &str = "stopped: ";
 
 impl Closure {
     pub(super) fn encode(&self) -> Vec<u8> {
@@ -68,6 +71,7 @@ impl Closure {
             Closure::Finished => b"1".to_vec(),
             Closure::Failed(line) => format!("{FAILED}{line}").into_bytes(),
             Closure::OverBudget(line) => format!("{OVER_BUDGET}{line}").into_bytes(),
+            Closure::Stopped { signal, line } => format!("{STOPPED}{signal} {line}").into_bytes(),
         }
     }
 
@@ -76,6 +80,10 @@ impl Closure {
         let text = std::str::from_utf8(v).unwrap_or_default();
         if let Some(line) = text.strip_prefix(OVER_BUDGET) {
             return Closure::OverBudget(line.to_string());
+        }
+        let stopped = text.strip_prefix(STOPPED).and_then(|rest| rest.split_once(' '));
+        if let Some((signal, line)) = stopped.and_then(|(n, line)| Some((n.parse().ok()?, line))) {
+            return Closure::Stopped { signal, line: line.to_string() };
         }
         match text.strip_prefix(FAILED) {
             Some(line) => Closure::Failed(line.to_string()),
@@ -89,6 +97,7 @@ impl Closure {
             Closure::Finished => RdzvError::Closed(run_id.to_string()),
             Closure::Failed(line) => RdzvError::FailedElsewhere(line),
             Closure::OverBudget(line) => RdzvError::RestartBudget(line),
+            Closure::Stopped { signal, line } => RdzvError::StoppedElsewhere { signal, line },
         }
     }
 }

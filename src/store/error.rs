@@ -130,8 +130,8 @@ pub const ETCD_CHECK: &str =
 
 fn unreachable(endpoints: &str, op: &str, last: &str, said: bool) -> String {
     if said {
-        format!("no etcd member answered {op} before the deadline (the warning above names them and what to check)")
+        format!("no etcd member at {endpoints} answered {op} before the deadline (the warning above says what each answered and what to check)")
     } else {
-        format!("no etcd member answered {op} at {endpoints} in time (last error: {last}); {ETCD_CHECK}")
+        format!("no etcd member answered {op} in time: {last}; {ETCD_CHECK}")
     }
 }

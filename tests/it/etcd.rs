@@ -229,7 +229,8 @@ fn the_etcd_leader_killed_20_times_evicts_no_healthy_node() {
     }
 }
 
-/// A bad etcd at start: one line, the documented code, no worker started.
+/// A bad etcd at start: one line in words, the documented code, no worker started; an endpoint where nothing
+/// listens fails within a few seconds, whatever `join_timeout`.
 #[test]
 fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() {
     let etcd = EtcdCluster::start(1, false);
@@ -237,8 +238,12 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
     let nothing = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     // An HTTP/1.1 server is not etcd (etcd's own peer port would not do: it serves the gRPC API too).
     let http = http1_server();
-    let cases: [(String, &str, &str, i32); 3] = [
+    let refused = format!("no etcd member answered /etcdserverpb.Maintenance/Status in time: http://127.0.0.1:{nothing} \
+         refused the connection (nothing listens there); check that etcd is running");
+    let cases: [(String, &str, &str, i32); 4] = [
         (format!("127.0.0.1:{nothing}"), "join_timeout=2", "no etcd member answered", 3),
+        // Longer than the outage's warning takes: still the one line, once nothing has listened for a moment.
+        (format!("127.0.0.1:{nothing}"), "join_timeout=600", &refused, 3),
         (http, "join_timeout=10", "is not etcd's v3 gRPC API", 2),
         (etcd.endpoints(), "protocol=https", "needs cacert=PATH", 2),
     ];
@@ -256,6 +261,8 @@ fn an_unreachable_or_wrong_etcd_or_missing_cacert_fails_at_once_with_one_line() 
         let lines = said(&log);
         assert_eq!(lines.len(), 1, "{endpoint} {conf}: {log}");
         assert!(lines[0].contains(needle), "{endpoint} {conf}: {log}");
+        // In words: no library's Debug rendering (`tonic::transport::Error(...)`, `source: ...`).
+        assert!(!lines[0].contains("Error(") && !lines[0].contains("source:"), "{endpoint} {conf}: {log}");
         assert_eq!(got, Some(code), "{endpoint} {conf}: {log}");
         assert!(!dir.path().join("starts").exists(), "no worker may start");
     }

@@ -111,6 +111,43 @@ fn a_file_system_that_stops_answering_drains_the_node_and_the_others_reform() {
     drop(fs);
 }
 
+/// Two nodes (`--nnodes 1:2`, a last call of 600 s); b's `--gate-path` goes away, then b's worker crashes:
+/// b opens the next round (counting itself), its gate before the rejoin fails and it drains (exit 75). The
+/// round it was counted in expects one node fewer: a, already in it, is sealed at once instead of after the
+/// last call, and its workers run again in a world of 2 (a shrink waits for nobody).
+#[test]
+fn a_node_that_drains_at_its_gate_is_not_waited_for() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let gone = dir.path().join("scratch");
+    std::fs::create_dir_all(&gone).expect("gate path");
+    let run_id = format!("shrink{}", std::process::id());
+    let args = |node: &str, endpoint: &str, extra: &[String]| {
+        let conf = if node == "a" { "is_host=1,last_call_timeout=600" } else { "last_call_timeout=600" };
+        AgentArgs::c10d("1:2", endpoint)
+            .nproc(2)
+            .conf(conf)
+            .run_id(&run_id)
+            .opt("--max-restarts=2")
+            .opts(extra)
+            .script(fixture("incident_worker.py"))
+            .arg(dir.path())
+            .build()
+    };
+    let mut a = Agent::start("a", &args("a", "127.0.0.1:0", &[]));
+    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
+    let mut b = Agent::start("b", &args("b", &endpoint, &[format!("--gate-path={}", gone.display())]));
+    wait_world(dir.path(), 4, 4);
+
+    std::fs::remove_dir(&gone).expect("remove the gate path");
+    std::fs::write(dir.path().join("crash-b"), "").expect("crash b");
+    assert_eq!(b.exit_code(LONG), Some(75), "{}", b.log());
+    assert!(b.log().contains("health check 'storage' failed"), "{}", b.log());
+    let world = wait_world(dir.path(), 2, 2);
+    assert!(world.iter().all(|s| s.node == "a"), "a re-forms alone: {world:?}");
+    std::fs::write(dir.path().join("finish"), "").expect("finish");
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+}
+
 /// `/dev/shm` a 16 MiB tmpfs (a container's small default), in a mount namespace of the agent's own: with
 /// the default `--gate-shm-min` the shm check fails before the first join (exit 75, the hook with `shm`).
 #[test]

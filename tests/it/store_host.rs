@@ -1,6 +1,7 @@
 //! A c10d job whose agents end one way or another, above all the agent that hosts the rendezvous store:
-//! every other agent learns it at once and ends with the documented code and line (a closed job), ends
-//! because the store went with its host (exit 3), or re-forms without the node. Three agents
+//! every other agent learns it at once and ends with the documented code and line (a closed job, a host
+//! stopped by a signal: that signal's code), ends because the store went with its host (exit 3), or
+//! re-forms without the node. Three agents
 //! (`--nnodes 2:3`, one light worker each, `a` hosts the store); each way to end is played on the host and
 //! on a member. Each test plays its scenario `MUSTER_STORE_HOST_RUNS` times (default 1;
 //! `scripts/stress/store-host.sh`) and prints one `STOREHOST |` row with the time from the ending to the
@@ -60,6 +61,7 @@ struct Expected {
 fn expected(ending: Ending, on: usize) -> Expected {
     let host_ended = "the rendezvous store's host ended: node";
     let failed = "the job failed on another node and is closed for good: node";
+    let stopped = "the job was stopped: node";
     let own = match ending {
         Ending::Success => Some(0),
         Ending::Failure | Ending::RestartsSpent => Some(1),
@@ -72,7 +74,8 @@ fn expected(ending: Ending, on: usize) -> Expected {
         (Ending::Success, _) => Some((0, "")),
         (Ending::Failure | Ending::RestartsSpent, _) => Some((4, failed)),
         (Ending::BudgetSpent, _) => Some((5, "over its budget (--job-max-restarts 1)")),
-        (Ending::Drain | Ending::Signal | Ending::Killed, HOST) => Some((3, host_ended)),
+        (Ending::Signal, HOST) => Some((143, stopped)),
+        (Ending::Drain | Ending::Killed, HOST) => Some((3, host_ended)),
         (Ending::Drain | Ending::Signal | Ending::Killed, _) => None,
     };
     Expected { own, others }
@@ -231,7 +234,7 @@ fn a_draining_host_ends_every_member_with_3_saying_the_store_host_ended() {
 }
 
 #[test]
-fn a_host_stopped_by_a_signal_ends_every_member_with_3() {
+fn a_host_stopped_by_a_signal_ends_every_member_with_its_code() {
     play_ending(Ending::Signal, HOST);
 }
 

@@ -4,7 +4,7 @@
 
 use std::collections::hash_map::RandomState;
 use std::hash::BuildHasher;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use tonic::codec::Streaming;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
 
+use super::answer::{self, Answer, Answers};
 use super::connect;
 use super::pb::{self, path};
 use super::tls::{self, TlsFiles};
@@ -48,7 +49,7 @@ impl std::fmt::Debug for Credentials {
 /// Why one attempt failed.
 enum Failure {
     /// The member is down, electing, or slow: try the next one.
-    Transient(String),
+    Transient(Answer),
     /// The auth token expired: authenticate again, then retry.
     Token,
     Final(StoreError),
@@ -115,6 +116,8 @@ pub(super) struct Cluster {
     credentials: Option<Credentials>,
     token: Mutex<Option<String>>,
     outage: Mutex<Outage>,
+    /// A member has answered since this cluster was made.
+    ever_answered: AtomicBool,
     /// How the endpoints are named in messages.
     pub(super) named: String,
     /// Watches etcd confirmed created and still open (tests wait on it: `testing`).
@@ -165,6 +168,7 @@ impl Cluster {
             credentials,
             token: Mutex::new(None),
             outage: Mutex::new(Outage::default()),
+            ever_answered: AtomicBool::new(false),
             #[cfg(test)]
             watching: Default::default(),
         })
@@ -197,7 +201,7 @@ impl Cluster {
     /// [`Self::call`], each attempt made as `kind` says.
     pub(super) async fn call_as<Q: Message, R: Message>(&self, path: &'static str, req: &Q, deadline: Instant, kind: Deadline) -> Result<R, StoreError> {
         let n = self.members.len();
-        let mut last = String::from("no attempt made");
+        let mut answers = Answers::new(n);
         let mut reauthenticated = false;
         loop {
             let first = self.preferred.load(Ordering::Relaxed);
@@ -209,16 +213,16 @@ impl Cluster {
                         self.answered(idx);
                         return Ok(reply);
                     }
-                    Err(Failure::Transient(why)) => {
+                    Err(Failure::Transient(answer)) => {
                         // The next request starts at the next member: one in flight to a dying leader
                         // must not be followed by another to it.
                         let _ = self.preferred.compare_exchange(idx, (idx + 1) % n, Ordering::Relaxed, Ordering::Relaxed);
-                        last = format!("{}: {why}", self.members[idx].url);
+                        answers.set(idx, answer);
                     }
                     Err(Failure::Token) if !reauthenticated => {
                         reauthenticated = true;
                         *lock(&self.token) = None;
-                        last = format!("{}: the auth token expired", self.members[idx].url);
+                        answers.set(idx, Answer::Said("its auth token had expired".into()));
                     }
                     Err(Failure::Token) => return Err(self.auth_failed("the new auth token was refused too")),
                     Err(Failure::Final(e)) => return Err(e),
@@ -227,10 +231,10 @@ impl Cluster {
                     break;
                 }
             }
-            self.failed_pass(&last);
+            let give_up = self.failed_pass(&answers);
             let now = Instant::now();
-            if now >= deadline {
-                return Err(self.unreachable(path, last));
+            if give_up || now >= deadline {
+                return Err(self.unreachable(path, &answers));
             }
             tokio::time::sleep(BACKOFF.min(deadline - now)).await;
         }
@@ -270,7 +274,7 @@ impl Cluster {
             Ok(Err(status)) => Err(self.classify(idx, &status)),
             Err(_) => {
                 self.replace(idx);
-                Err(Failure::Transient(format!("no answer within {bound:?}")))
+                Err(Failure::Transient(Answer::Silent(bound)))
             }
         }
     }
@@ -323,27 +327,48 @@ impl Cluster {
             return Failure::Final(StoreError::Tls { endpoint: url.clone(), reason: tls::CERT_REQUIRED.to_string() });
         }
         if not_http2(status) {
-            let answer = format!("it does not speak HTTP/2 ({})", chain(status));
+            let answer = format!("it does not speak HTTP/2 ({})", answer::of_status(status));
             return Failure::Final(StoreError::NotEtcd { endpoint: url.clone(), answer });
         }
-        classify(status.code(), status.message(), || url.clone(), || chain(status))
+        classify(status.code(), status.message(), || url.clone(), || answer::of_status(status))
     }
 
-    fn failed_pass(&self, last: &str) {
+    /// A pass over every member failed: the outage is said once it lasts [`OUTAGE_AFTER`]. True when the
+    /// call gives up now: no member has answered since this cluster was made (the agent is starting) and
+    /// every one has refused the connection for [`OUTAGE_AFTER`]: nothing listens at the endpoints (a
+    /// wrong port, etcd not started), said in one line by the error, not waited for until `join_timeout`.
+    fn failed_pass(&self, answers: &Answers) -> bool {
         let mut outage = lock(&self.outage);
         let since = *outage.since.get_or_insert_with(Instant::now);
-        if !outage.reported && since.elapsed() >= OUTAGE_AFTER {
-            outage.reported = true;
-            tracing::warn!("etcd does not answer at {} ({last}); {ETCD_CHECK}; retrying", self.named);
+        if outage.reported || since.elapsed() < OUTAGE_AFTER {
+            return false;
         }
+        if !self.ever_answered.load(Ordering::Relaxed) && answers.all_refused() {
+            return true;
+        }
+        outage.reported = true;
+        tracing::warn!("etcd does not answer: {}; {ETCD_CHECK}; retrying", answers.line(&self.urls()));
+        false
     }
 
-    /// No member answered `op` in time: the error says what to check unless the outage's warning did.
-    pub(super) fn unreachable(&self, op: &'static str, last: String) -> StoreError {
+    fn urls(&self) -> Vec<&str> {
+        self.members.iter().map(|m| m.url.as_str()).collect()
+    }
+
+    /// No member answered `op` in time: the error says what each answered and what to check, unless the
+    /// outage's warning did.
+    pub(super) fn unreachable(&self, op: &'static str, answers: &Answers) -> StoreError {
+        StoreError::Unreachable { endpoints: self.named.clone(), op, last: answers.line(&self.urls()), said: lock(&self.outage).reported }
+    }
+
+    /// [`Self::unreachable`] for a wait that ended without a member's answer (`why`).
+    pub(super) fn gave_up(&self, op: &'static str, why: String) -> StoreError {
+        let last = format!("{}: {why}", self.named);
         StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: lock(&self.outage).reported }
     }
 
     fn answered(&self, idx: usize) {
+        self.ever_answered.store(true, Ordering::Relaxed);
         if let Some(n) = &self.no_client_cert {
             n.served();
         }
@@ -364,7 +389,7 @@ impl Cluster {
     ) -> Result<(mpsc::UnboundedSender<Q>, Streaming<R>), StoreError> {
         let n = self.members.len();
         let start = self.preferred.load(Ordering::Relaxed);
-        let mut last = String::from("no member tried");
+        let mut answers = Answers::new(n);
         for i in 0..n {
             let idx = (start + i) % n;
             let (tx, rx) = mpsc::unbounded_channel();
@@ -390,22 +415,22 @@ impl Cluster {
                 Ok(Err(status)) => match self.classify(idx, &status) {
                     Failure::Final(e) => return Err(e),
                     Failure::Token => *lock(&self.token) = None,
-                    Failure::Transient(why) => last = format!("{}: {why}", self.members[idx].url),
+                    Failure::Transient(answer) => answers.set(idx, answer),
                 },
                 Err(_) => {
                     self.replace(idx);
-                    last = format!("{}: no answer within {bound:?}", self.members[idx].url);
+                    answers.set(idx, Answer::Silent(bound));
                 }
             }
         }
-        Err(self.unreachable(path, last))
+        Err(self.unreachable(path, &answers))
     }
 }
 
 /// What a gRPC status means: members that are electing, lost quorum, are shutting down or cannot be reached
 /// answer Unavailable, a deadline or Cancelled (try another); an expired token is authenticated again; the
 /// rest is the request's fault.
-fn classify(code: Code, message: &str, url: impl Fn() -> String, detail: impl Fn() -> String) -> Failure {
+fn classify(code: Code, message: &str, url: impl Fn() -> String, detail: impl Fn() -> Answer) -> Failure {
     match code {
         Code::Unavailable | Code::DeadlineExceeded | Code::Cancelled | Code::Unknown => Failure::Transient(detail()),
         Code::Unauthenticated => Failure::Token,
@@ -484,7 +509,7 @@ mod tests {
             (Code::Unimplemented, "unknown service", "final"),
         ];
         for (code, message, want) in table {
-            assert_eq!(kind(classify(code, message, || "u".into(), || message.into())), want, "{code:?} {message}");
+            assert_eq!(kind(classify(code, message, || "u".into(), || Answer::Said(message.into()))), want, "{code:?} {message}");
         }
     }
 }

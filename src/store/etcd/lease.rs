@@ -15,6 +15,7 @@ use tokio::time::Instant;
 use tonic::codec::Streaming;
 use tonic::Code;
 
+use super::answer;
 use super::cluster::Cluster;
 use super::pb::{self, path};
 use super::wire;
@@ -127,9 +128,9 @@ impl Session {
         let Some((_, replies)) = stream.as_mut() else { return Ok(()) };
         let reply = match tokio::time::timeout_at(deadline, replies.message()).await {
             Ok(Ok(Some(reply))) => reply,
-            Ok(Ok(None)) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, "the stream ended".into()))?,
-            Ok(Err(status)) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, status.to_string()))?,
-            Err(_) => Err(self.cluster.unreachable(path::LEASE_KEEPALIVE, format!("no answer within {:?}", self.ttl / 3)))?,
+            Ok(Ok(None)) => Err(self.cluster.gave_up(path::LEASE_KEEPALIVE, "the stream ended".into()))?,
+            Ok(Err(status)) => Err(self.cluster.gave_up(path::LEASE_KEEPALIVE, answer::of_status(&status).to_string()))?,
+            Err(_) => Err(self.cluster.gave_up(path::LEASE_KEEPALIVE, format!("no answer within {:?}", self.ttl / 3)))?,
         };
         if reply.ttl <= 0 {
             self.replace(lease).await?;

@@ -5,6 +5,7 @@
 //! Every key is put under the namespace (`etcd_prefix`, default `/`), so the rendezvous' keys for run `R`
 //! are `/muster/R/…`. Compare-and-set and counters are transactions compared on the key's revision.
 
+mod answer;
 mod cluster;
 mod connect;
 mod counter;
@@ -221,8 +222,7 @@ impl Store for EtcdStore {
                 Ok(Some(WatchEvent { kind: WatchEventKind::Written, .. })) => return Ok(true),
                 Ok(Some(_)) => {}
                 Ok(None) => {
-                    let last = "the watch ended".to_string();
-                    return Err(self.cluster.unreachable("wait", last));
+                    return Err(self.cluster.gave_up("wait", "the watch ended".to_string()));
                 }
                 Err(_) => return Ok(false),
             }
@@ -276,8 +276,7 @@ impl Store for EtcdStore {
     async fn beat(&self, key: &str, value: &[u8], timeout: Duration) -> Result<(), StoreError> {
         let deadline = Instant::now() + timeout;
         let lease = tokio::time::timeout_at(deadline, self.session.lease()).await.map_err(|_| {
-            let last = format!("no lease within {timeout:?}");
-            self.cluster.unreachable(path::LEASE_GRANT, last)
+            self.cluster.gave_up(path::LEASE_GRANT, format!("no lease within {timeout:?}"))
         })??;
         let body = wire::put(&self.full(key), value, Some(lease));
         self.cluster.call::<_, pb::PutResponse>(path::PUT, &body, deadline).await.map(drop)
@@ -323,8 +322,8 @@ impl EtcdStore {
         self.watches.add(wanted, tx, created);
         match timeout_at(Instant::now() + self.timeout, done).await {
             Ok(Ok(())) => Ok(rx),
-            Ok(Err(_)) => Err(self.cluster.unreachable(path::WATCH, "the watch stream failed before etcd created the watch".into())),
-            Err(_) => Err(self.cluster.unreachable(path::WATCH, format!("etcd did not create the watch within {:?}", self.timeout))),
+            Ok(Err(_)) => Err(self.cluster.gave_up(path::WATCH, "the watch stream failed before etcd created the watch".into())),
+            Err(_) => Err(self.cluster.gave_up(path::WATCH, format!("etcd did not create the watch within {:?}", self.timeout))),
         }
     }
 }
