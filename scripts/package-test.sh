@@ -33,6 +33,19 @@ ensure_tool_venv maturin 'maturin>=1.16,<2'
 (cd packaging/python && "$MUSTER_CACHE/maturin/bin/maturin" build --quiet --release --out "$scratch/wheels")
 wheel=$(ls "$scratch"/wheels/muster_launcher-*.whl)
 echo "$(basename "$wheel"): $(du -k "$wheel" | cut -f1) KiB"
+# The binary's size the README states ("about N MB") is the wheel's, within 5%.
+python3 - "$wheel" README.md <<'PY'
+import re, sys, zipfile
+wheel, readme = sys.argv[1], sys.argv[2]
+sizes = [i.file_size for i in zipfile.ZipFile(wheel).infolist() if i.filename.endswith("/scripts/muster")]
+stated = re.search(r"stripped binary \(about ([0-9.]+) MB", open(readme).read())
+if len(sizes) != 1 or not stated:
+    sys.exit(f"cannot compare the binary's size: {len(sizes)} muster binaries in the wheel, README figure {stated}")
+actual, said = sizes[0] / 1e6, float(stated.group(1))
+print(f"the wheel's binary: {actual:.1f} MB (the README says about {said} MB)")
+if abs(actual - said) > 0.05 * said:
+    sys.exit(f"README.md says the binary is about {said} MB; the wheel's is {actual:.1f} MB: correct the README")
+PY
 # A fresh venv that sees the torch venv's packages, so the job runs without a second torch download.
 site=$("$MUSTER_PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 python3 -m venv "$scratch/venv"

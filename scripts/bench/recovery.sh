@@ -19,6 +19,7 @@
 # `python -c "import torch.distributed"` takes on this machine for scale.
 # Goals: (a) muster at least 10x faster than torchrun; (b) muster under 1 s.
 #
+# SCENARIOS picks the scenarios (default "crash agent-kill drain").
 # METRICS=1 runs every muster agent with --metrics-port=0 and scrapes each one's /metrics every 100 ms
 # (curl, for the whole run), to compare recovery with the metrics endpoint on and off. LAUNCHERS picks
 # the launchers (default "muster muster-warm torchrun").
@@ -35,9 +36,13 @@ DETECT_TIMEOUT="${DETECT_TIMEOUT:-60}"
 WARM_WAIT="${WARM_WAIT:-6}"
 METRICS="${METRICS:-0}"
 read -r -a LAUNCHERS <<<"${LAUNCHERS:-muster muster-warm torchrun}"
+read -r -a SCENARIOS <<<"${SCENARIOS:-crash agent-kill drain}"
 source scripts/lib.sh
 require_positive_ints RUNS DETECT_TIMEOUT WARM_WAIT
 case "$METRICS" in 0 | 1) ;; *) echo "METRICS must be 0 (off) or 1 (scrape every 100 ms), got '$METRICS'" >&2; exit 2 ;; esac
+for sc in "${SCENARIOS[@]}"; do
+    case "$sc" in crash | agent-kill | drain) ;; *) echo "SCENARIOS: unknown scenario '$sc' (crash, agent-kill, drain)" >&2; exit 2 ;; esac
+done
 for l in "${LAUNCHERS[@]}"; do
     case "$l" in muster | muster-warm | torchrun) ;; *) echo "LAUNCHERS: unknown launcher '$l' (muster, muster-warm, torchrun)" >&2; exit 2 ;; esac
 done
@@ -240,6 +245,7 @@ echo "a bare python -c 'import torch.distributed' takes $import_ms ms here (medi
 echo "goals: (a) worker crash: muster >= 10x faster than torchrun; (b) agent SIGKILL, (c) a drain: muster < 1 s"
 for scenario in crash agent-kill drain; do
     for launcher in muster muster-warm torchrun; do : >"$work/$launcher.$scenario"; done
+    [[ " ${SCENARIOS[*]} " == *" $scenario "* ]] || continue
     for launcher in "${LAUNCHERS[@]}"; do
         [ "$scenario" = drain ] && [ "$launcher" = torchrun ] && continue
         for ((r = 1; r <= RUNS; r++)); do run_scenario "$launcher" "$scenario" "$r"; done
