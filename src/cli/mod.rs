@@ -271,9 +271,10 @@ pub struct Cli {
     #[arg(long = "on-link-drop", env = "MUSTER_ON_LINK_DROP", default_value = "report", value_name = "report|drain")]
     pub on_link_drop: String,
 
-    /// muster: seconds over which each rank's time is judged for stragglers (a stack sample of each rank's
-    /// main thread every 250 ms, never pausing it, and its GPU's clocks); group rank 0 names a rank that
-    /// hardly waits in collectives while the others mostly do, or whose GPU is slowed. Default 60 (or two
+    /// muster: seconds over which each rank's time is judged for stragglers (a sample of each rank's main
+    /// thread, its stack and kernel state, every 250 ms or 16 times a window, never pausing it, and its GPU's
+    /// clocks); group rank 0 names a rank that hardly waits on the others (in a collective, or inside DDP's
+    /// backward) while they mostly wait on it, or whose GPU is slowed. Default 60 (or two
     /// keep_alive_interval's, if longer); 0 turns it off.
     #[arg(long = "straggler-window", env = "MUSTER_STRAGGLER_WINDOW", value_parser = non_negative_seconds,
           allow_hyphen_values = true, value_name = "SECONDS")]

@@ -64,6 +64,31 @@ impl Drop for StallFs {
     }
 }
 
+/// A c10d job of light workers (tests/fixtures/incident_worker.py) writing to `dir`; agent `a` hosts the store.
+struct LightJob<'a> {
+    dir: &'a std::path::Path,
+    run_id: String,
+    nnodes: &'static str,
+    nproc: u32,
+    last_call_s: u32,
+}
+
+impl LightJob<'_> {
+    /// Agent `node`'s arguments, with `extra` options.
+    fn args(&self, node: &str, endpoint: &str, extra: &[String]) -> Vec<String> {
+        let host = if node == "a" { "is_host=1," } else { "" };
+        AgentArgs::c10d(self.nnodes, endpoint)
+            .nproc(self.nproc)
+            .conf(format!("{host}last_call_timeout={}", self.last_call_s))
+            .run_id(&self.run_id)
+            .opt("--max-restarts=2")
+            .opts(extra)
+            .script(fixture("incident_worker.py"))
+            .arg(self.dir)
+            .build()
+    }
+}
+
 /// Three nodes; b's `--gate-path` is a FUSE mount whose daemon then stops, and b's worker crashes: the
 /// gate before b's rejoin finds the mount not answering within `--gate-timeout`, b drains (exit 75, the
 /// hook with `storage`), its agent not held by the blocked probe, and a and c re-form without it.
@@ -74,20 +99,9 @@ fn a_file_system_that_stops_answering_drains_the_node_and_the_others_reform() {
     std::fs::create_dir_all(&backing).expect("backing dir");
     std::fs::create_dir_all(&mount).expect("mount point");
     let fs = StallFs::mount(&backing, &mount);
-    let run_id = format!("gate{}", std::process::id());
+    let job = LightJob { dir: dir.path(), run_id: format!("gate{}", std::process::id()), nnodes: "2:3", nproc: 1, last_call_s: 1 };
     let hook_out = dir.path().join("hook.env");
-    let args = |node: &str, endpoint: &str, extra: &[String]| {
-        let conf = if node == "a" { "is_host=1,last_call_timeout=1" } else { "last_call_timeout=1" };
-        AgentArgs::c10d("2:3", endpoint)
-            .nproc(1)
-            .conf(conf)
-            .run_id(&run_id)
-            .opt("--max-restarts=2")
-            .opts(extra)
-            .script(fixture("incident_worker.py"))
-            .arg(dir.path())
-            .build()
-    };
+    let args = |node: &str, endpoint: &str, extra: &[String]| job.args(node, endpoint, extra);
     let mut a = Agent::start("a", &args("a", "127.0.0.1:0", &[]));
     let endpoint = format!("127.0.0.1:{}", a.hosted_port());
     let hook = format!("env | grep '^MUSTER_FAULT_' > {}", hook_out.display());
@@ -120,19 +134,8 @@ fn a_node_that_drains_at_its_gate_is_not_waited_for() {
     let dir = tempfile::tempdir().expect("tempdir");
     let gone = dir.path().join("scratch");
     std::fs::create_dir_all(&gone).expect("gate path");
-    let run_id = format!("shrink{}", std::process::id());
-    let args = |node: &str, endpoint: &str, extra: &[String]| {
-        let conf = if node == "a" { "is_host=1,last_call_timeout=600" } else { "last_call_timeout=600" };
-        AgentArgs::c10d("1:2", endpoint)
-            .nproc(2)
-            .conf(conf)
-            .run_id(&run_id)
-            .opt("--max-restarts=2")
-            .opts(extra)
-            .script(fixture("incident_worker.py"))
-            .arg(dir.path())
-            .build()
-    };
+    let job = LightJob { dir: dir.path(), run_id: format!("shrink{}", std::process::id()), nnodes: "1:2", nproc: 2, last_call_s: 600 };
+    let args = |node: &str, endpoint: &str, extra: &[String]| job.args(node, endpoint, extra);
     let mut a = Agent::start("a", &args("a", "127.0.0.1:0", &[]));
     let endpoint = format!("127.0.0.1:{}", a.hosted_port());
     let mut b = Agent::start("b", &args("b", &endpoint, &[format!("--gate-path={}", gone.display())]));

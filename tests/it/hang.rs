@@ -212,21 +212,27 @@ fn a_rank_blocked_within_the_step_the_others_wait_in_is_named() {
     let timeout = TIMEOUT_S.to_string();
     let (mut a, mut b) =
         job.start(&["--hang-timeout", &timeout, "--progress-pattern", r"step \d+"], &["--hang-mode", "lock"]);
-    assert_eq!(a.exit_code(LONG), Some(0), "{}", logs(&a, &b));
-    assert_eq!(b.exit_code(LONG), Some(0), "{}", logs(&a, &b));
-    let all = logs(&a, &b);
-    let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{all}"));
+    let line = waited_on_verdict(&job, &mut a, &mut b, 3);
     // The second acquire, the one that blocks.
     let lock = fixture_line("hang_train.py", "def wait_for_lock") + 2;
-    assert!(line.starts_with("hang: rank 3 (node "), "{line}");
     assert!(line.contains(&format!("main thread in hang_train.py:{lock} wait_for_lock (LOCK.acquire())")), "{line}");
     assert!(line.contains(&format!("the other 3 ranks wait on it in {}", in_all_reduce())), "{line}");
     let files = job.stack_files("attempt_0", "stacks");
     assert_eq!(files.len(), 4, "{files:?}");
     assert!(files[3].1.contains("wait_for_lock (") && files[3].1.contains("LOCK.acquire()"), "{}", files[3].1);
+}
+
+/// Both agents end 0 (the group restarted once); returns group rank 0's verdict, which named `suspect` alone
+/// as the rank the others wait on (`waited_on` in `hang_report.json`).
+fn waited_on_verdict(job: &HangJob, a: &mut Agent, b: &mut Agent, suspect: u32) -> String {
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", logs(a, b));
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", logs(a, b));
+    let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{}", logs(a, b)));
+    assert!(line.starts_with(&format!("hang: rank {suspect} (node ")), "{line}");
     let report = job.report();
     assert_eq!(report[0]["verdict"]["kind"], "waited_on", "{report}");
-    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([3]), "{report}");
+    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([suspect]), "{report}");
+    line
 }
 
 /// A DistributedDataParallel job (tests/fixtures/ddp_worker.py): rank 1 shows step 20's progress, then blocks
@@ -244,18 +250,12 @@ fn a_ddp_rank_the_others_wait_on_inside_backward_is_named() {
             .args(["--hang-rank=1", "--hang-at=20", "--steps=30"])
             .build()
     });
-    assert_eq!(a.exit_code(LONG), Some(0), "{}", logs(&a, &b));
-    assert_eq!(b.exit_code(LONG), Some(0), "{}", logs(&a, &b));
-    let all = logs(&a, &b);
-    let line = verdict_line(&a.log()).unwrap_or_else(|| panic!("no verdict:\n{all}"));
+    let line = waited_on_verdict(&job, &mut a, &mut b, 1);
     let fetch = fixture_line("ddp_worker.py", "    time.sleep(seconds)");
-    assert!(line.starts_with("hang: rank 1 (node ") && line.contains(", local rank 1) made no progress since "), "{line}");
+    assert!(line.contains(", local rank 1) made no progress since "), "{line}");
     assert!(line.contains(&format!("main thread in ddp_worker.py:{fetch} fetch_batch (time.sleep(seconds))")), "{line}");
     assert!(line.contains("the other 3 ranks wait on it in main (ddp_worker.py:"), "{line}");
     assert!(line.contains("→ _engine_run_backward (graph.py:"), "{line}");
-    let report = job.report();
-    assert_eq!(report[0]["verdict"]["kind"], "waited_on", "{report}");
-    assert_eq!(report[0]["verdict"]["suspects"], serde_json::json!([1]), "{report}");
 }
 
 /// `--on-hang report`: the workers keep running, and one hang is captured once however long it lasts.

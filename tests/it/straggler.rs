@@ -2,7 +2,9 @@
 //! (tests/fixtures/straggler_worker.py) where one rank's step takes three times the others'; group rank 0
 //! names that rank, its node, local rank and the function it works in, within two windows. With
 //! `--on-straggler drain` its node drains once it stays a straggler through a second window, and the job goes
-//! on without it. A GPU slowed on the fake NVML is named the same way.
+//! on without it. A GPU slowed on the fake NVML is named the same way. Jobs written as most are, with
+//! DistributedDataParallel or FSDP2 (tests/fixtures/ddp_worker.py: the waits inside `loss.backward()`), name
+//! a rank slowed by data, by compute, or by SIGSTOP/SIGCONT from outside.
 
 use crate::common;
 
@@ -47,9 +49,10 @@ impl Job {
 
     /// Agents a (hosting the store) and b running `script`.
     fn start_script(&self, extra: &[&str], script: &str, script_args: &[String]) -> (Agent, Agent) {
-        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=1,keep_alive_interval=1", extra, script, script_args));
+        let a = Agent::start("a", &self.args("a", "127.0.0.1:0", "is_host=1,last_call_timeout=600,keep_alive_interval=1", extra, script, script_args));
         let port = a.hosted_port();
-        let b_conf = "last_call_timeout=1,keep_alive_interval=1";
+        // A last call no test outlives: a drained node is not waited for (the others know who is alive).
+        let b_conf = "last_call_timeout=600,keep_alive_interval=1";
         let b = Agent::start("b", &self.args("b", &format!("127.0.0.1:{port}"), b_conf, extra, script, script_args));
         (a, b)
     }
@@ -134,17 +137,20 @@ fn a_gpu_slowed_on_the_fake_nvml_is_named() {
 /// A slowdown of rank 2 in a DDP job, where the others wait inside `loss.backward()`.
 enum Slowdown {
     Data,
+    /// Data, in an FSDP2 job (`fully_shard`).
+    Fsdp2Data,
     Compute,
     /// SIGSTOP for 150 ms, then SIGCONT for 100 ms, from outside, for as long as the test runs.
     Pulsed,
 }
 
-/// Rank 2 (node b's local rank 0) of a DDP job (tests/fixtures/ddp_worker.py) is slowed: group rank 0 names it
-/// within two windows of training, with the function of the script it is in, and nobody else.
+/// Rank 2 (node b's local rank 0) of a DDP (or FSDP2) job (tests/fixtures/ddp_worker.py) is slowed: group
+/// rank 0 names it within two windows of training, with the function of the script it is in, and nobody else.
 fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
     let job = Job::new();
     let script_args: Vec<String> = match slowdown {
         Slowdown::Data => vec!["--slow-rank=2".into(), "--slow-by=data".into()],
+        Slowdown::Fsdp2Data => vec!["--slow-rank=2".into(), "--slow-by=data".into(), "--fsdp2".into()],
         Slowdown::Compute => vec!["--slow-rank=2".into(), "--slow-by=compute".into()],
         Slowdown::Pulsed => Vec::new(),
     };
@@ -173,6 +179,11 @@ fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
 #[test]
 fn a_ddp_rank_slow_on_data_is_named() {
     a_ddp_straggler_is_named(Slowdown::Data, " fetch_batch");
+}
+
+#[test]
+fn an_fsdp2_rank_slow_on_data_is_named() {
+    a_ddp_straggler_is_named(Slowdown::Fsdp2Data, " fetch_batch");
 }
 
 #[test]
