@@ -25,7 +25,8 @@ pub const SLOW_CLOCK_RATIO: f64 = 0.75;
 /// What one sample of a rank's main thread says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Sample {
-    /// Still joining the process group (`init_process_group`): not the job's pace yet; not counted.
+    /// Still joining the process group (`init_process_group`) or building its distributed model (DDP's
+    /// constructor, FSDP2's first-forward initialisation): not the job's pace yet; not counted.
     Starting,
     /// In a collective or a synchronisation: waiting on the other ranks (or its GPU).
     Waiting,
@@ -38,7 +39,7 @@ pub enum Sample {
 /// frame of torch's: DDP's reducer in `backward`); the rest is the rank's own work, a data loader's wait
 /// included (a rank starved of data is slow by itself).
 pub fn classify(frames: &[Frame], state: ThreadState) -> Sample {
-    if frames.iter().any(|f| f.function == "init_process_group" || f.file.ends_with("torch/distributed/rendezvous.py")) {
+    if frames.iter().any(starting) {
         return Sample::Starting;
     }
     if waits_on_peers(frames, state) {
@@ -46,6 +47,15 @@ pub fn classify(frames: &[Frame], state: ThreadState) -> Sample {
     }
     let own = frames.iter().find(|f| crate::hang::verdict::is_own(&f.file)).map(Frame::short);
     Sample::Working(own)
+}
+
+/// A frame of the start: joining the process group, or DDP's and FSDP2's set-up (their first collectives
+/// wait for the slowest rank to start, which is no one's pace).
+fn starting(f: &Frame) -> bool {
+    f.function == "init_process_group"
+        || f.file.ends_with("torch/distributed/rendezvous.py")
+        || (f.function == "__init__" && f.file.ends_with("torch/nn/parallel/distributed.py"))
+        || (f.function == "_lazy_init" && f.file.contains("torch/distributed/fsdp/"))
 }
 
 /// One rank's window, as its agent's heartbeat carries it.
@@ -195,6 +205,8 @@ mod tests {
             (vec![backward, own.clone()], Other, working()),
             (vec![frame("init_process_group", &format!("{torch}/distributed/c10d_logger.py")), own.clone()], Asleep, Sample::Starting),
             (vec![frame("_create_c10d_store", &format!("{torch}/distributed/rendezvous.py")), own.clone()], Asleep, Sample::Starting),
+            (vec![frame("broadcast", &format!("{torch}/distributed/distributed_c10d.py")), frame("__init__", &format!("{torch}/nn/parallel/distributed.py")), own.clone()], Asleep, Sample::Starting),
+            (vec![frame("_lazy_init", &format!("{torch}/distributed/fsdp/_fully_shard/_fsdp_state.py")), own.clone()], Asleep, Sample::Starting),
             (vec![own.clone()], Asleep, working()),
             (vec![queue, own], Asleep, working()),
             (vec![frame("matmul", &format!("{torch}/functional.py"))], Running, Sample::Working(None)),

@@ -42,9 +42,12 @@ pub struct Monitor {
     sampler: Option<Sampler>,
     /// Each lagging or named rank's stretch.
     stretches: Stretches,
-    /// The last window judged, and the first in which the running group was seen training (its ranks
-    /// waiting in collectives, each sampled enough to be judged): where "within two windows" counts from.
+    /// The last window judged; the first in which the running group was seen training (its ranks waiting
+    /// on each other, each sampled enough to be judged), which still holds the ranks' arrival from their
+    /// start (the first to start wait for the last); and the next judged that way, the first whole window
+    /// of training: where "within two windows" counts from.
     judged: u64,
+    training_seen: Option<u64>,
     training_since: Option<u64>,
     /// The drain verdict's watch, for the round it is on.
     verdicts: Option<(u64, mpsc::UnboundedReceiver<WatchEvent>)>,
@@ -62,6 +65,7 @@ impl Monitor {
             sampler: None,
             stretches: Stretches::default(),
             judged: 0,
+            training_seen: None,
             training_since: None,
             verdicts: None,
             events,
@@ -75,6 +79,7 @@ impl Monitor {
 
     /// Starts sampling a new group of workers.
     pub fn arm(&mut self, armed: Armed) {
+        self.training_seen = None;
         self.training_since = None;
         self.sampler = Sampler::start(armed, self.note.clone());
     }
@@ -151,10 +156,20 @@ impl Monitor {
         // can be seen.
         let judged_all = every_node && windows.iter().all(|w| w.denied || w.ranks.iter().all(|r| r.wait_share().is_some()));
         if judged_all && judge::median_wait(windows).is_some_and(|m| m >= judge::MIN_MEDIAN_WAIT) {
-            self.training_since.get_or_insert(window);
+            if self.training_seen.is_some_and(|seen| seen < window) {
+                self.training_since.get_or_insert(window);
+            }
+            self.training_seen.get_or_insert(window);
         }
         let named = judge(windows);
-        let changes = self.stretches.window(&named.iter().map(|s| s.rank).collect::<Vec<_>>());
+        let judged: Vec<u32> = windows
+            .iter()
+            .flat_map(|w| w.ranks.iter().filter(|r| (!w.denied && r.wait_share().is_some()) || r.sm_mhz.is_some()).map(|r| r.rank))
+            .collect();
+        let lagging: Vec<u32> = named.iter().map(|s| s.rank).collect();
+        let median = judge::median_wait(windows);
+        tracing::debug!(window, nodes = windows.len(), ?median, ?judged, ?lagging, "straggler window judged");
+        let changes = self.stretches.window(&judged, &lagging);
         for s in named.iter().filter(|s| changes.named.contains(&s.rank)) {
             tracing::warn!("{} (two windows of {:?})", s.line(), self.cfg.window);
             self.events.emit(

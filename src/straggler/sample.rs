@@ -29,6 +29,8 @@ pub fn sample_every(window: Duration) -> Duration {
 }
 /// How long after a failed attach (the interpreter still starting) the next try is made.
 const ATTACH_RETRY: Duration = Duration::from_secs(2);
+/// Reads failing in a row before the reader attaches afresh.
+const FAILED_READS: u32 = 4;
 
 /// What the sampler reads: the ranks, the GPU of each (by local rank), and how windows are cut.
 pub struct Armed {
@@ -87,6 +89,8 @@ struct Reader {
     spy: Option<py_spy::PythonSpy>,
     next_try: Instant,
     denied: bool,
+    /// Reads failed in a row on the attached spy.
+    failed: u32,
 }
 
 impl Reader {
@@ -112,12 +116,18 @@ impl Reader {
         let traces = match self.spy.as_mut()?.get_stack_traces() {
             Ok(t) => t,
             Err(_) => {
-                // Gone, or the interpreter changed under it: attach again later.
-                self.spy = None;
-                self.next_try = Instant::now() + ATTACH_RETRY;
+                // A read without pausing the process can catch its frames mid-change: the next tick reads
+                // again. Gone, or failing tick after tick (the interpreter changed under it): attach again later.
+                self.failed += 1;
+                if self.failed >= FAILED_READS || proc_state(self.target.pid).is_none() {
+                    self.spy = None;
+                    self.failed = 0;
+                    self.next_try = Instant::now() + ATTACH_RETRY;
+                }
                 return None;
             }
         };
+        self.failed = 0;
         let pid = self.target.pid as u64;
         let main = traces.iter().find(|t| t.os_thread_id == Some(pid)).or_else(|| traces.first())?;
         let frames = main.frames.iter().map(|f| Frame { function: f.name.clone(), file: f.filename.clone(), line: f.line, code: None });
@@ -137,7 +147,7 @@ fn run(armed: Armed, note: &PaceNote, stop: &AtomicBool) {
         .iter()
         // Not at once: a new worker is still starting its interpreter, and attaching costs the CPU its start
         // and the re-formation around it need.
-        .map(|&target| Reader { target, spy: None, next_try: Instant::now() + ATTACH_RETRY, denied: false })
+        .map(|&target| Reader { target, spy: None, next_try: Instant::now() + ATTACH_RETRY, denied: false, failed: 0 })
         .collect();
     let mut sums: Vec<Sums> = readers.iter().map(|_| Sums::default()).collect();
     let mut current = window_of(armed.window);

@@ -35,8 +35,10 @@ pub struct Stretches {
 }
 
 impl Stretches {
-    /// The next window judged: `lagging` the ranks the judge named in it.
-    pub fn window(&mut self, lagging: &[u32]) -> Changes {
+    /// The next window judged: `judged` the ranks it could judge (sampled enough, or with a GPU clock),
+    /// `lagging` those the judge named. A rank not judged (its node's window missing, too few samples) keeps
+    /// its stretch as it was: no evidence either way.
+    pub fn window(&mut self, judged: &[u32], lagging: &[u32]) -> Changes {
         let mut changes = Changes::default();
         for &rank in lagging {
             let s = self.ranks.entry(rank).or_default();
@@ -51,7 +53,7 @@ impl Stretches {
             }
         }
         self.ranks.retain(|rank, s| {
-            if lagging.contains(rank) {
+            if lagging.contains(rank) || !judged.contains(rank) {
                 return true;
             }
             s.lagging = 0;
@@ -92,9 +94,24 @@ mod tests {
         ];
         let mut stretches = Stretches::default();
         for (i, (lagging, named, drained, again)) in windows.iter().enumerate() {
-            let got = stretches.window(lagging);
+            let got = stretches.window(&[0, 1, 2, 3], lagging);
             let want = Changes { named: named.to_vec(), lagging: drained.to_vec(), again: again.to_vec() };
             assert_eq!(got, want, "window {i}");
         }
+    }
+
+    #[test]
+    fn a_rank_missing_from_a_window_keeps_its_stretch() {
+        let mut stretches = Stretches::default();
+        assert_eq!(stretches.window(&[0, 2], &[2]), Changes::default());
+        // Rank 2's node's window is missing: its lagging window still counts towards the next.
+        assert_eq!(stretches.window(&[0], &[]), Changes::default());
+        let named = stretches.window(&[0, 2], &[2]);
+        assert_eq!((named.named, named.lagging), (vec![2], vec![2]));
+        // Named, then missing twice: still named (not "again").
+        assert!(stretches.window(&[0], &[]).again.is_empty());
+        assert!(stretches.window(&[0], &[]).again.is_empty());
+        assert_eq!(stretches.window(&[0, 2], &[]).again, Vec::<u32>::new());
+        assert_eq!(stretches.window(&[0, 2], &[]).again, vec![2]);
     }
 }
