@@ -98,7 +98,7 @@ pub enum StoreError {
     )]
     WrongToken { addr: SocketAddr },
 
-    /// `said`: the outage was already warned of (`etcd does not answer at …`, with what to check), so the
+    /// `said`: the outage was already warned of (`etcd does not answer: …`, with what to check), so the
     /// end of the wait does not say it again.
     #[error("{}", unreachable(endpoints, op, last, *said))]
     Unreachable { endpoints: String, op: &'static str, last: String, said: bool },

@@ -105,11 +105,13 @@ fn goodput_line(line: &str) -> (f64, f64, f64) {
 #[test]
 fn an_agent_stopped_waiting_for_its_store_lost_the_wait_to_the_rendezvous() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let nothing = std::net::TcpListener::bind("127.0.0.1:0").expect("bind").local_addr().expect("addr").port();
-    let args = AgentArgs::rdzv("etcd", 1, format!("127.0.0.1:{nothing}")).script(fixture("elastic_worker.py")).arg(dir.path()).build();
+    // Takes connections, never answers (etcd hung): waited for. (Where nothing listens the agent ends at once.)
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let args = AgentArgs::rdzv("etcd", 1, format!("127.0.0.1:{port}")).script(fixture("elastic_worker.py")).arg(dir.path()).build();
     let mut agent = Agent::start("a", &args);
     // Said after 3 s of failed attempts (OUTAGE_AFTER in src/store/etcd/cluster.rs): the agent has waited that long.
-    let waiting = eventually(LONG, || agent.log().contains("etcd does not answer at"));
+    let waiting = eventually(LONG, || agent.log().contains("etcd does not answer: "));
     assert!(waiting, "the agent never said it waits for etcd:\n{}", agent.log());
     // SAFETY: plain kill(2) of a process this test started.
     assert_eq!(unsafe { libc::kill(agent.guard.pid(), libc::SIGTERM) }, 0);
@@ -121,4 +123,5 @@ fn an_agent_stopped_waiting_for_its_store_lost_the_wait_to_the_rendezvous() {
     assert_eq!(training, 0.0, "{log}");
     assert!((rendezvous - wall).abs() <= 0.1, "all of the wait is lost to the rendezvous: {log}");
     assert!(!dir.path().join("starts").exists(), "no worker may start");
+    drop(silent);
 }
