@@ -173,9 +173,10 @@ fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
     assert_eq!(named.len(), 1, "{named:?}");
     let e = &named[0];
     assert_eq!((e["rank"].as_u64(), e["local_rank"].as_u64(), e["group_rank"].as_u64()), (Some(2), Some(0), Some(1)), "{e}");
-    // FSDP2 on 2 cores: the second window of training still shows every rank waiting on the others as its
-    // lazily built state settles, seen in about half the runs; named in the third then.
-    let within = if matches!(slowdown, Slowdown::Fsdp2Data) { 3 } else { 2 };
+    // Named in two windows of training on a quiet machine; within three here: with another module's test
+    // beside it on 2 cores (8 ranks, 4 agents), the first whole window can still hold the start's waits, and
+    // FSDP2's second window does so in about half the runs even alone (the note says what is left).
+    let within = 3;
     let late = || format!("named later than {within} windows of training: {e}\n{}\n---\n{}", a.log(), b.log());
     assert!(e["windows_training"].as_u64().is_some_and(|w| w <= within), "{}", late());
     let why = e["why"].as_str().unwrap_or_default();
