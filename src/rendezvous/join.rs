@@ -419,9 +419,7 @@ impl<S: Store> Rendezvous<S> {
         }
         Ok(())
     }
-}
 
-impl<S: Store> Rendezvous<S> {
     /// This node leaves (a drain): a round opened after the last one it was in, still unsealed, counted it
     /// in its expected nodes (`counter`, read while this node was alive); it now expects one fewer, and is
     /// sealed here if every other node expected is in. The survivors know who is alive: a shrink waits for

@@ -1,11 +1,13 @@
 //! Stragglers: the rank that sets a synchronous job's pace, named without a change to the script. Two
 //! sources, both read from outside the workers by the sampler (`sample.rs`): where each rank's main thread
-//! spends its time (a non-blocking stack sample every 250 ms: waiting in a collective or a CUDA sync, or
-//! working, and where), and each GPU's SM clock and clock-event reasons. Each agent sums its ranks per
-//! window (windows cut by wall-clock time, the same for every agent) and its heartbeat carries the last
-//! two; group rank 0 judges each window (`judge.rs`) once every node's heartbeat carries it, and names a rank
-//! that lags in two windows in a row, once per stretch (`stretch.rs`). Under `--on-straggler drain` its node is then drained: group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75,
-//! the hook with `straggler`), and the job goes on without it (elastic MIN, or a spare).
+//! spends its time (a non-blocking stack sample with its kernel state, every 250 ms or 16 times a window:
+//! waiting on the others, in a collective or asleep inside torch as DDP's backward, or working, and where),
+//! and each GPU's SM clock and clock-event reasons. Each agent sums its ranks per window (windows cut by
+//! wall-clock time, the same for every agent) and its heartbeat carries the last two; group rank 0 judges
+//! each window (`judge.rs`) once every node's heartbeat carries it, and names a rank that lags in two
+//! windows in a row, once per stretch (`stretch.rs`). Under `--on-straggler drain` its node is then drained:
+//! group rank 0 names the node on the pace board (`rendezvous::pace`), the node leaves (exit 75, the hook
+//! with `straggler`), and the job goes on without it (elastic MIN, or a spare).
 
 pub mod judge;
 mod sample;
