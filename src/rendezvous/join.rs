@@ -223,6 +223,17 @@ impl<S: Store> Rendezvous<S> {
         // Lowered by a node that leaves the round it was expected in (`shrink_open_round`).
         let mut expected = expected;
         let mut seal_due = self.full(slot, expected);
+        // A leaving node lowers the count, then reads the slots taken; this node read the count, then took
+        // its slot. Looking at the count once more after the slot, one of the two sees the other: otherwise
+        // a shrink between this node's read and its slot would leave it waiting out the whole last call.
+        if expected.is_some() && !seal_due {
+            let (_, now_round, now_expected) = super::round_counter(self.store.get(&self.key("round")).await?);
+            if now_round != round {
+                return Ok(Joined::Moved);
+            }
+            expected = now_expected;
+            seal_due = self.full(slot, expected);
+        }
         let mut last_call = (slot >= min).then(|| Instant::now() + self.settings.last_call_timeout);
         // The sealer lock's holder at the last look (empty: none seen).
         let mut holder = Vec::new();

@@ -44,6 +44,8 @@ mod fence;
 mod join;
 mod lemons;
 mod liveness;
+#[cfg(test)]
+mod race_tests;
 mod retry;
 #[cfg(test)]
 mod restart_tests;

@@ -122,7 +122,7 @@ pub(super) mod shared {
         fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>>;
     }
 
-    struct Memory(MemoryStore);
+    pub(in crate::rendezvous) struct Memory(MemoryStore);
 
     impl Backend for Memory {
         type S = crate::store::memory::MemoryHandle;
@@ -144,7 +144,7 @@ pub(super) mod shared {
     }
 
     /// etcd on loopback (`MUSTER_ETCD` names the binary): a member of its own per test.
-    struct Etcd(crate::store::etcd::testing::TestEtcd);
+    pub(in crate::rendezvous) struct Etcd(pub(in crate::rendezvous) crate::store::etcd::testing::TestEtcd);
 
     impl Backend for Etcd {
         type S = crate::store::etcd::EtcdStore;
@@ -557,7 +557,7 @@ pub(super) mod shared {
         Tcp(Server::bind(SocketAddr::from(([127, 0, 0, 1], 0)), ServerConfig::default()).await.expect("bind"))
     }
 
-    fn memory() -> Memory {
+    pub(in crate::rendezvous) fn memory() -> Memory {
         Memory(MemoryStore::new())
     }
 
