@@ -13,6 +13,7 @@ pub mod gate;
 pub mod gpu;
 pub mod hang;
 pub mod host;
+pub mod inplace;
 pub mod limits;
 pub mod observe;
 pub mod rendezvous;

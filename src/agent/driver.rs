@@ -95,6 +95,8 @@ impl Agent {
         if let Phase::Done(End::Interrupted(sig)) = &state.phase {
             work.close_stopped(*sig).await;
         }
+        // Workers kept in place by a re-formation that did not end in a start.
+        work.stop_kept(&state.phase).await;
         // The store's host keeps serving a closed job until the others have read why it closed.
         work.rendezvous.outlive_closure().await;
         match std::mem::replace(&mut state.phase, Phase::Done(End::Succeeded)) {

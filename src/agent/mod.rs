@@ -17,6 +17,7 @@ mod driver;
 mod gate;
 mod gpu;
 mod hang;
+mod inplace;
 mod links;
 mod ops;
 mod peer;
@@ -69,6 +70,8 @@ pub enum AgentError {
     Logs(#[from] LogError),
     #[error(transparent)]
     Supervisor(#[from] SupervisorError),
+    #[error(transparent)]
+    InPlace(#[from] crate::inplace::InPlaceError),
     #[error("internal error, please report it: {0}")]
     Internal(String),
 }

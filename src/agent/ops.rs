@@ -73,6 +73,8 @@ pub(super) struct Work {
     pub(super) links: Option<super::links::LinkWatch>,
     /// Straggler detection (`--straggler-window`), sampling the running group.
     pub(super) pace: Option<crate::straggler::Monitor>,
+    /// Re-forming in place (`--in-place on`).
+    pub(super) in_place: Option<super::inplace::InPlace>,
 }
 
 impl Work {
@@ -92,11 +94,11 @@ impl Work {
             Op::Join => self.join(nproc, restart_count, excluded).await,
             Op::Start { nproc, excluded } => self.start(nproc, excluded, restart_count).await,
             Op::Watch => self.watch().await,
-            Op::Stop { sig, grace, why, open_first } => {
+            Op::Stop { sig, grace, why, open_first, keep } => {
                 if open_first {
                     self.open_before_stop().await;
                 }
-                self.stop(sig, grace, why).await
+                self.stop(sig, grace, why, keep).await
             }
             Op::Reform { open, record, check } => self.reform(open, record, check).await,
             Op::Drain(fault) => self.drain(&fault).await,
@@ -165,32 +167,46 @@ impl Work {
                     None => std::future::pending().await,
                 }
             };
-            let won = tokio::select! {
-                outcome = group.watch(&mut self.spares) => match outcome {
-                    Watch::Succeeded => Won::Input(Input::Succeeded),
-                    Watch::Failed(failure) => {
-                        if failure.stop_signal() {
-                            // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
-                            tokio::time::sleep(SIGNAL_HOLD).await;
+            tokio::pin!(straggling);
+            let won = loop {
+                let overdue = async {
+                    match self.in_place.as_mut() {
+                        Some(in_place) => in_place.overdue().await,
+                        None => std::future::pending().await,
+                    }
+                };
+                break tokio::select! {
+                    outcome = group.watch(&mut self.spares) => match outcome {
+                        Watch::Succeeded => Won::Input(Input::Succeeded),
+                        Watch::Failed(failure) => {
+                            if failure.stop_signal() {
+                                // Dropped here when the agent's own signal comes first (see `SIGNAL_HOLD`).
+                                tokio::time::sleep(SIGNAL_HOLD).await;
+                            }
+                            let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
+                            let (change, ()) = tokio::join!(
+                                self.rendezvous.change_behind_failure(),
+                                crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
+                            );
+                            Won::Input(Input::WorkerFailed { failure, change })
                         }
-                        let survivors = self.cfg.stacks_on_failure.then(|| group.targets());
-                        let (change, ()) = tokio::join!(
-                            self.rendezvous.change_behind_failure(),
-                            crate::hang::capture_survivors(survivors, self.attempt_dir.as_deref()),
-                        );
-                        Won::Input(Input::WorkerFailed { failure, change })
+                    },
+                    event = self.rendezvous.next_event() => Won::Input(match event {
+                        Ok(event) => {
+                            super::peer::log_change(&event, "membership changed");
+                            Input::Membership(event)
+                        }
+                        Err(e) => Input::Failed(e.into()),
+                    }),
+                    found = &mut hang => return Input::Hung(Box::new(found)),
+                    line = super::links::LinkWatch::drained(self.links.as_mut()) => Won::Drain(Check::Network.name(), line),
+                    line = &mut straggling => Won::Drain("straggler", line),
+                    // Killed, each is a worker's death the group's watch then reports.
+                    pids = overdue => {
+                        group.kill(&pids);
+                        continue;
                     }
-                },
-                event = self.rendezvous.next_event() => Won::Input(match event {
-                    Ok(event) => {
-                        super::peer::log_change(&event, "membership changed");
-                        Input::Membership(event)
-                    }
-                    Err(e) => Input::Failed(e.into()),
-                }),
-                found = &mut hang => return Input::Hung(Box::new(found)),
-                line = super::links::LinkWatch::drained(self.links.as_mut()) => Won::Drain(Check::Network.name(), line),
-                line = straggling => Won::Drain("straggler", line),
+                };
             };
             match (won, on_hang) {
                 (Won::Input(input), Some(action))
@@ -209,6 +225,17 @@ impl Work {
         }
     }
 
+    /// At the agent's end, stops the workers a re-formation kept in place and no start took up (the agent
+    /// ended while joining, say): with the agent's signal when a signal ended it.
+    pub(super) async fn stop_kept(&mut self, phase: &super::state::Phase) {
+        let Some(mut group) = self.group.take() else { return };
+        let sig = match phase {
+            super::state::Phase::Done(super::state::End::Interrupted(sig)) => *sig,
+            _ => Signal::SIGTERM,
+        };
+        let _ = group.stop(sig, self.cfg.shutdown_timeout, StopFor::Shutdown.as_str(), &std::collections::HashSet::new()).await;
+    }
+
     /// Moves the round before the workers stop, within one round trip's bound: past it, or on an error, the
     /// stop goes on and the re-formation opens the round as it always does (`open_next_round` is idempotent).
     async fn open_before_stop(&mut self) {
@@ -220,7 +247,8 @@ impl Work {
         }
     }
 
-    async fn stop(&mut self, sig: Signal, grace: Grace, why: StopFor) -> Input {
+    /// Stops the group; with `keep`, the workers that can re-form in place go on (the group with them).
+    async fn stop(&mut self, sig: Signal, grace: Grace, why: StopFor, keep: bool) -> Input {
         let membership = self.cfg.rdzv.membership_grace;
         let grace = match grace {
             Grace::Shutdown => self.cfg.shutdown_timeout,
@@ -233,11 +261,17 @@ impl Work {
         if let Some(monitor) = self.pace.as_mut() {
             monitor.disarm();
         }
+        let kept = match (keep, &self.in_place, &self.group) {
+            (true, Some(in_place), Some(group)) => in_place.keepable(group),
+            _ => std::collections::HashSet::new(),
+        };
         let failures = match self.group.as_mut() {
-            Some(group) => group.stop(sig, grace, why.as_str()).await,
+            Some(group) => group.stop(sig, grace, why.as_str(), &kept).await,
             None => Vec::new(),
         };
-        self.group = None;
+        if kept.is_empty() {
+            self.group = None;
+        }
         self.stacks.set(Vec::new(), None);
         Input::Stopped(failures)
     }

@@ -72,6 +72,7 @@ impl Agent {
             .map_err(|e| fail(AgentError::Internal(format!("GPU inventory task: {e}"))))?;
         let watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
         let gpu_job = gpu_job && gpus.is_some();
+        let in_place = super::inplace::InPlace::open(&cfg).map_err(fail)?;
         let job = Job {
             run_id: cfg.run_id.clone(),
             nproc_per_node: cfg.nproc_per_node,
@@ -79,6 +80,7 @@ impl Agent {
             on_hang: cfg.hang.as_ref().map(|h| h.on_hang).unwrap_or(crate::config::OnHang::Restart),
             multi_node: cfg.max_nodes > 1,
             gpus: gpus.as_ref().map(|g| g.all.iter().map(|gpu| gpu.index).collect()).unwrap_or_default(),
+            in_place: in_place.is_some(),
         };
         let worker_store = WorkerStore {
             server: None,
@@ -109,6 +111,7 @@ impl Agent {
             pace: cfg.straggler.map(|s| {
                 crate::straggler::Monitor::new(s, cfg.rdzv.keep_alive_interval, pace_note, sinks.events.clone(), sinks.metrics.clone())
             }),
+            in_place,
         };
         Ok(Agent {
             work,

@@ -152,6 +152,9 @@ impl Work {
             return Input::Failed(AgentError::Internal("starting without a round".into()));
         };
         let (mut extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
+        if let Some(in_place) = &self.in_place {
+            extra_env.extend(in_place.env());
+        }
         let attempt = match self.logs.attempt(restart_count, nproc) {
             Ok(a) => a,
             Err(e) => return Input::Failed(e.into()),
@@ -186,15 +189,31 @@ impl Work {
             placements,
         };
         tracing::debug!(round = round.round, group_rank = spec.group_rank, world_size = spec.world_size, "starting");
-        let started = WorkerGroup::start(
-            &spec,
-            &cfg.entrypoint,
-            &attempt,
-            self.logs.config(),
-            &self.hostname,
-            self.guard.clone(),
-            &mut self.spares,
-        );
+        let started = match self.group.take() {
+            // Workers kept in place: the missing ranks start, the kept ones are handed the round.
+            Some(mut group) => match group.start_missing(&spec, &cfg.entrypoint, &attempt, self.logs.config(), &self.hostname, &mut self.spares) {
+                Ok(kept) => {
+                    if let Some(in_place) = self.in_place.as_mut() {
+                        in_place.hand_over(&kept, round.round);
+                    }
+                    Ok(group)
+                }
+                Err(e) => {
+                    // Stopped at the agent's end with what it kept.
+                    self.group = Some(group);
+                    Err(e)
+                }
+            },
+            None => WorkerGroup::start(
+                &spec,
+                &cfg.entrypoint,
+                &attempt,
+                self.logs.config(),
+                &self.hostname,
+                self.guard.clone(),
+                &mut self.spares,
+            ),
+        };
         match started {
             Ok(group) => {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");

@@ -220,7 +220,8 @@ pub enum Op {
     Start { nproc: u32, excluded: BTreeSet<u32> },
     Watch,
     /// `open_first`: the next round is opened before the first worker is stopped (see `opens_first`).
-    Stop { sig: Signal, grace: Grace, why: StopFor, open_first: bool },
+    /// `keep`: the workers that can re-form in place are kept (see `keeps_in_place`).
+    Stop { sig: Signal, grace: Grace, why: StopFor, open_first: bool, keep: bool },
     /// `record`: a restart of this kind to add to the job's count first. `check`: a worker on these GPUs
     /// died by itself; the re-formation first waits a moment, so that the GPU fault behind the death (the
     /// driver's XID comes tens of milliseconds after the process it killed) is met before anything else,
@@ -323,6 +324,8 @@ pub struct Job {
     pub multi_node: bool,
     /// Every GPU index NVML reports on this node.
     pub gpus: BTreeSet<u32>,
+    /// `--in-place on`: workers that can re-form in place are kept across a re-formation.
+    pub in_place: bool,
 }
 
 #[derive(Debug)]
@@ -398,7 +401,9 @@ impl State {
             Phase::Running => Op::Watch,
             Phase::Stopping(cause) => {
                 let (sig, grace) = stop_signal(cause);
-                Op::Stop { sig, grace, why: self.stop_for(cause), open_first: opens_first(cause) }
+                let why = self.stop_for(cause);
+                let keep = self.job.in_place && keeps_in_place(cause) && matches!(why, StopFor::Reformation | StopFor::Restart);
+                Op::Stop { sig, grace, why, open_first: opens_first(cause), keep }
             }
             Phase::Reforming { open } => Op::Reform { open: *open, record: self.unrecorded, check: self.to_check() },
             Phase::Draining(f) => Op::Drain(Box::new(f.clone())),
@@ -471,6 +476,18 @@ fn opens_first(cause: &Cause) -> bool {
     matches!(
         cause,
         Cause::Membership(RdzvEvent::PeerLost(_) | RdzvEvent::JoinersWaiting | RdzvEvent::HangElsewhere) | Cause::Exclude(_)
+    )
+}
+
+/// Whether a stop for `cause` keeps the workers that can re-form in place: a change of membership seen
+/// while the store answers, or workers of this node that died by themselves. Never a fence (the node must
+/// stop its workers before the others may evict it), a hang (its ranks are stuck), a GPU fault or an
+/// exclusion (the worker's GPU is gone or changes), a drain, a signal or an error: those restart cold or end.
+fn keeps_in_place(cause: &Cause) -> bool {
+    matches!(
+        cause,
+        Cause::Membership(RdzvEvent::PeerLost(_) | RdzvEvent::JoinersWaiting | RdzvEvent::RoundChanged | RdzvEvent::StoreOutage)
+            | Cause::Restart { fault: None, hang: false, .. }
     )
 }
 

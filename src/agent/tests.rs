@@ -21,6 +21,7 @@ fn job() -> Job {
         on_hang: crate::config::OnHang::Restart,
         multi_node: false,
         gpus: (0..4).collect(),
+        in_place: false,
     }
 }
 
@@ -273,7 +274,7 @@ fn restarts_are_spent_until_none_is_left() {
 }
 
 fn stop(grace: Grace, why: StopFor, open_first: bool) -> Op {
-    Op::Stop { sig: Signal::SIGTERM, grace, why, open_first }
+    Op::Stop { sig: Signal::SIGTERM, grace, why, open_first, keep: false }
 }
 
 #[test]
@@ -526,4 +527,42 @@ fn the_fault_behind_a_death_ends_the_wait_for_it_and_decides() {
     assert!(matches!(state.op(), Op::Reform { check: None, .. }), "{:?}", state.op());
     assert!(state.excluded.contains(&1));
     assert_eq!(state.restart_count, 0, "the death's restart is refunded: one incident");
+}
+
+#[test]
+fn a_stop_keeps_workers_in_place_only_for_a_change_or_a_death_with_a_restart_left() {
+    let lost = || fault(0, FaultKind::Lost, Action::Drain);
+    let died = |hang: bool, fault| Cause::Restart { failures: vec![failure(0)], fault, hang };
+    let change = |e: RdzvEvent| Cause::Membership(e);
+    let cut = || RdzvEvent::Fenced { silent: std::time::Duration::from_secs(2) };
+    // (the cause, restarts spent of 3, whether the stop keeps the workers that can re-form in place)
+    type Row<'a> = (Box<dyn Fn() -> Cause + 'a>, u32, bool);
+    let table: Vec<Row> = vec![
+        (Box::new(|| change(RdzvEvent::PeerLost("b".into()))), 0, true),
+        (Box::new(|| change(RdzvEvent::JoinersWaiting)), 0, true),
+        (Box::new(|| change(RdzvEvent::RoundChanged)), 0, true),
+        (Box::new(|| change(RdzvEvent::StoreOutage)), 0, true),
+        // Cut off: stopped before the others may evict it; a hang elsewhere restarts cold.
+        (Box::new(move || change(cut())), 0, false),
+        (Box::new(|| change(RdzvEvent::HangElsewhere)), 0, false),
+        (Box::new(|| change(RdzvEvent::Closed(Closure::Finished))), 0, false),
+        (Box::new(move || died(false, None)), 2, true),
+        // No restart left: the group fails as a whole.
+        (Box::new(move || died(false, None)), 3, false),
+        (Box::new(move || died(true, None)), 0, false),
+        (Box::new(move || died(false, Some(lost()))), 0, false),
+        (Box::new(move || Cause::Exclude(lost())), 0, false),
+        (Box::new(move || Cause::Drain(lost())), 0, false),
+        (Box::new(|| Cause::Signal(Signal::SIGTERM)), 0, false),
+        (Box::new(|| Cause::Error(AgentError::Internal("x".into()))), 0, false),
+    ];
+    for (cause, spent, want) in table {
+        for in_place in [true, false] {
+            let mut state = State::new(Job { in_place, ..job() });
+            state.restart_count = spent;
+            state.phase = Phase::Stopping(cause());
+            let keep = matches!(state.op(), Op::Stop { keep: true, .. });
+            assert_eq!(keep, want && in_place, "{:?} after {spent} restarts, in place {in_place}", cause());
+        }
+    }
 }

@@ -304,6 +304,19 @@ pub struct Cli {
           value_parser = non_negative_seconds, value_name = "SECONDS")]
     pub warm_spares_delay: f64,
 
+    /// muster: re-form in place. Workers that use the `muster_inplace` Python API keep their processes, memory
+    /// and step when the job's membership changes (a peer lost or joined, a worker dead on this node): each
+    /// is handed its new ranks and re-joins the process group; only what failed starts again. Scripts that
+    /// do not use the API restart as under torchrun. `off` restarts every worker, always.
+    #[arg(long = "in-place", env = "MUSTER_IN_PLACE", default_value = "on", value_name = "on|off")]
+    pub in_place: String,
+
+    /// muster: seconds a worker kept in place has to re-form (re-join the process group and restore the
+    /// state) before it is stopped and started cold.
+    #[arg(long = "in-place-timeout", env = "MUSTER_IN_PLACE_TIMEOUT", default_value = "60",
+          value_parser = positive_seconds, value_name = "SECONDS")]
+    pub in_place_timeout: f64,
+
     /// muster: a rank that shows no progress for this many seconds is hung: every local rank's Python stack is
     /// captured, group rank 0 names the culprit, and `--on-hang` acts. Progress is a line matching
     /// `--progress-pattern`, a touch of `$MUSTER_PROGRESS_FILE`, or a torch file-timer request; a rank is

@@ -12,11 +12,13 @@ use nix::sys::signal::Signal;
 use crate::cli::Cli;
 use crate::gpu::placement::PlacementError;
 pub use health::{Health, OnLinkDrop};
+pub use inplace::InPlaceConfig;
 pub use straggler::{OnStraggler, StragglerConfig};
 
 mod entrypoint;
 mod hang;
 mod health;
+mod inplace;
 mod straggler;
 mod logs;
 mod observe;
@@ -102,6 +104,8 @@ pub struct LaunchConfig {
     pub hang: Option<HangConfig>,
     /// `--straggler-window`, `--on-straggler`: None when off.
     pub straggler: Option<StragglerConfig>,
+    /// `--in-place`, `--in-place-timeout`: None when off.
+    pub in_place: Option<InPlaceConfig>,
     /// `--stacks-on-failure`.
     pub stacks_on_failure: bool,
 }
@@ -175,6 +179,7 @@ impl LaunchConfig {
         let rank_from_context = context.as_ref().is_some_and(|f| f.node_rank);
         let rdzv = RdzvConf::parse(&cli.rdzv_conf)?;
         let straggler = straggler::from_cli(cli, rdzv.keep_alive_interval)?;
+        let in_place = inplace::from_cli(cli)?;
         let token = token::resolve(rdzv.token_file.as_deref(), token::RDZV_CONF_FLAG, (host.env)(token::TOKEN_ENV))?;
         let signals = parse_signals(&cli.signals_to_handle)?;
         let entrypoint = entrypoint::resolve(cli, host)?;
@@ -246,6 +251,7 @@ impl LaunchConfig {
             warm_spares: entrypoint::warm_spares(cli)?,
             hang: hang::from_cli(cli)?,
             straggler,
+            in_place,
             stacks_on_failure: cli.stacks_on_failure,
         })
     }

@@ -28,6 +28,7 @@ pub fn of_error(e: &AgentError) -> u8 {
         | AgentError::Gpu(_)
         | AgentError::Logs(_)
         | AgentError::Supervisor(_)
+        | AgentError::InPlace(_)
         | AgentError::Internal(_) => FAILED,
     }
 }

@@ -20,6 +20,7 @@ pub mod env;
 pub mod failure;
 pub mod guard;
 pub mod hook;
+pub mod keep;
 pub mod logs;
 pub mod proctree;
 pub mod reaper;
@@ -82,6 +83,10 @@ struct Worker {
     running: bool,
     /// A stop signalled it: its death by a signal is that stop's doing, not a failure.
     signalled: bool,
+    /// Its output pumps, done once its pipes are drained.
+    pumps: Vec<oneshot::Receiver<()>>,
+    /// Whether what it left (its session) has been swept.
+    swept: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +101,8 @@ struct Exit {
 pub struct WorkerGroup {
     workers: Vec<Worker>,
     exits: mpsc::UnboundedReceiver<Exit>,
-    pumps: Vec<oneshot::Receiver<()>>,
+    /// For the workers started into the group later (in place, `keep.rs`).
+    exit_tx: mpsc::UnboundedSender<Exit>,
     guard: Arc<OrphanGuard>,
     binary: String,
     /// How each worker was started, for the warm spares of the next start.
@@ -106,8 +112,6 @@ pub struct WorkerGroup {
     /// Non-zero exits in detection order; the first `reported` of them were returned by `watch` or `stop`.
     failed: Vec<Exit>,
     reported: usize,
-    /// Whether the workers' sessions have been swept.
-    swept: bool,
     timer: Option<timer::FileTimer>,
     /// When the first stop of this group sends SIGKILL.
     stop_deadline: Option<Instant>,
@@ -153,14 +157,13 @@ impl WorkerGroup {
         let mut group = WorkerGroup {
             workers: Vec::new(),
             exits,
-            pumps: Vec::new(),
+            exit_tx: tx.clone(),
             guard,
             binary: entry.program.display().to_string(),
             commands: Vec::new(),
             spares_due: spares.delay().map(|d| Instant::now() + d),
             failed: Vec::new(),
             reported: 0,
-            swept: false,
             timer: None,
             stop_deadline: None,
             stopping_for: None,
@@ -262,7 +265,7 @@ impl WorkerGroup {
         // Only a child already reaped has no pid, and a pid 0 would name the agent's own group.
         let pid = child.id().ok_or_else(|| SupervisorError::NoPid { local_rank, program: program.clone() })? as i32;
         self.guard.watch(pid);
-        self.pumps.extend([out, err].into_iter().filter_map(StreamPlan::start_pump));
+        let pumps = [out, err].into_iter().filter_map(StreamPlan::start_pump).collect();
         let index = self.workers.len();
         let tx = ctx.exits.clone();
         tokio::spawn(async move {
@@ -277,7 +280,7 @@ impl WorkerGroup {
             let _ = tx.send(Exit { index, code, at: now_secs() });
         });
         tracing::debug!(local_rank, pid, "worker started");
-        self.workers.push(Worker { local_rank, global_rank, pid, error_file, running: true, signalled: false });
+        self.workers.push(Worker { local_rank, global_rank, pid, error_file, running: true, signalled: false, pumps, swept: false });
         Ok(warm)
     }
 
@@ -371,7 +374,7 @@ impl WorkerGroup {
                 return Watch::Failed(failure);
             }
             if self.running() == 0 {
-                self.finish().await;
+                self.finish(&HashSet::new()).await;
                 return match self.failed.first() {
                     None => Watch::Succeeded,
                     Some(&first) => Watch::Failed(self.failure(first).await),
@@ -381,20 +384,23 @@ impl WorkerGroup {
             tokio::select! {
                 () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => {
                     self.spares_due = None;
-                    spares.fill(&self.commands);
+                    spares.fill(&self.live_commands());
                 }
                 exit = self.exits.recv() => self.record(exit),
             }
         }
     }
 
-    /// Stops every running worker: `sig` to each process group, up to `grace` for all of them, SIGKILL to
-    /// the rest, then a sweep of what they left and the output pipes drained. Returns the failures (non-zero
-    /// exits) not reported by `watch`, which includes the workers that exited meanwhile; a worker the stop's
-    /// signal ended is said to be `stopped for {purpose}`, not failed. Run it to completion.
-    pub async fn stop(&mut self, sig: Signal, grace: Duration, purpose: &'static str) -> Vec<ProcessFailure> {
+    /// Stops every running worker but those in `keep` (pids kept in place; empty: none): `sig` to each
+    /// process group, up to `grace` for all of them, SIGKILL to the rest, then a sweep of what they left and
+    /// their output pipes drained. Returns the failures (non-zero exits) not reported by `watch`, which
+    /// includes the workers that exited meanwhile; a worker the stop's signal ended is said to be `stopped
+    /// for {purpose}`, not failed. With workers kept the group goes on: the incident is closed (its
+    /// failures returned here, not again). Run it to completion.
+    pub async fn stop(&mut self, sig: Signal, grace: Duration, purpose: &'static str, keep: &HashSet<i32>) -> Vec<ProcessFailure> {
         self.stopping_for.get_or_insert(purpose);
-        for w in self.workers.iter_mut().filter(|w| w.running) {
+        let ending = |w: &Worker| !keep.contains(&w.pid);
+        for w in self.workers.iter_mut().filter(|w| w.running && ending(w)) {
             tracing::info!("sending process {} closing signal {}", w.pid, sig.as_str());
             let _ = children::signal_group(w.pid, sig);
             w.signalled = true;
@@ -402,15 +408,16 @@ impl WorkerGroup {
         // A stop whose cause is upgraded (a SIGINT during a restart's stop) sends its signal but keeps the
         // first stop's deadline: one incident, one grace period.
         let deadline = *self.stop_deadline.get_or_insert(Instant::now() + grace);
-        while self.running() > 0 {
+        let left = |g: &WorkerGroup| g.workers.iter().filter(|w| w.running && ending(w)).count();
+        while left(self) > 0 {
             match tokio::time::timeout_at(deadline, self.exits.recv()).await {
                 Ok(exit) => self.record(exit),
                 Err(_) => {
-                    for w in self.workers.iter().filter(|w| w.running) {
+                    for w in self.workers.iter().filter(|w| w.running && ending(w)) {
                         tracing::warn!("unable to shutdown process {} via {}, forcefully exiting via SIGKILL", w.pid, sig.as_str());
                         let _ = children::signal_group(w.pid, Signal::SIGKILL);
                     }
-                    while self.running() > 0 {
+                    while left(self) > 0 {
                         match tokio::time::timeout(KILL_TIMEOUT, self.exits.recv()).await {
                             Ok(exit) => self.record(exit),
                             Err(_) => {
@@ -423,23 +430,27 @@ impl WorkerGroup {
                 }
             }
         }
-        self.finish().await;
+        self.finish(keep).await;
         let mut failures = Vec::new();
         while let Some(&exit) = self.failed.get(self.reported) {
             failures.push(self.failure(exit).await);
             self.reported += 1;
         }
+        if !keep.is_empty() {
+            self.close_incident();
+        }
         failures
     }
 
-    /// Kills whatever the workers left (in their sessions or not), stops the file timer and lets the tee pipes
-    /// drain.
+    /// Kills whatever the workers not in `keep` left (in their sessions or not), stops the file timer when
+    /// none is kept, and lets their tee pipes drain.
     /// Resumable: a cancelled call leaves what it did not finish to the next.
-    async fn finish(&mut self) {
-        if !self.swept {
-            let sessions: HashSet<i32> = self.workers.iter().map(|w| w.pid).collect();
-            let timer = self.timer.take();
+    async fn finish(&mut self, keep: &HashSet<i32>) {
+        let ending: HashSet<i32> = self.workers.iter().filter(|w| !w.swept && !keep.contains(&w.pid)).map(|w| w.pid).collect();
+        if !ending.is_empty() {
+            let timer = if keep.is_empty() { self.timer.take() } else { None };
             let guard = self.guard.clone();
+            let sessions = ending.clone();
             let sweep = tokio::task::spawn_blocking(move || {
                 if let Some(timer) = timer {
                     timer.close();
@@ -451,19 +462,21 @@ impl WorkerGroup {
                 Ok(killed) => tracing::info!(killed, "killed processes the workers left behind"),
                 Err(e) => tracing::error!("cannot sweep what the workers left behind: {e}"),
             }
-            for w in &self.workers {
+            for w in self.workers.iter_mut().filter(|w| ending.contains(&w.pid)) {
                 self.guard.forget(w.pid);
+                w.swept = true;
             }
-            self.swept = true;
         }
         let deadline = Instant::now() + DRAIN_TIMEOUT;
-        while let Some(pump) = self.pumps.last_mut() {
-            if tokio::time::timeout_at(deadline, pump).await.is_err() {
-                tracing::warn!("worker output pipes still open after {DRAIN_TIMEOUT:?}; continuing");
-                self.pumps.clear();
-                break;
+        for w in self.workers.iter_mut().filter(|w| w.swept) {
+            while let Some(pump) = w.pumps.last_mut() {
+                if tokio::time::timeout_at(deadline, pump).await.is_err() {
+                    tracing::warn!("worker output pipes still open after {DRAIN_TIMEOUT:?}; continuing");
+                    w.pumps.clear();
+                    break;
+                }
+                w.pumps.pop();
             }
-            self.pumps.pop();
         }
     }
 }

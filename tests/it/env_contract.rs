@@ -35,16 +35,25 @@ const DIFFERENT_BY_NATURE: &[&str] = &[
 ];
 
 /// muster's own additions to the contract (docs/command-line.md), which torchrun does not set.
-const MUSTER_ONLY: &[&str] = &["MUSTER_ROUND"];
+const MUSTER_ONLY: &[&str] = &["MUSTER_ROUND", "MUSTER_INPLACE_SOCKET", "MUSTER_INPLACE_TIMEOUT"];
 
 fn assert_same_env(what: &str, rank: usize, theirs: &Env, ours: &Env) {
     for k in MUSTER_ONLY {
         assert!(theirs.get(*k).is_none(), "{what}: rank {rank}: torchrun set {k}");
-        let round = ours.get(*k).and_then(|v| v.parse::<u64>().ok());
-        assert!(round.is_some(), "{what}: rank {rank}: muster did not set {k} to a round number: {:?}", ours.get(*k));
     }
-    let keys: std::collections::BTreeSet<&String> =
-        theirs.keys().chain(ours.keys()).filter(|k| !MUSTER_ONLY.contains(&k.as_str())).collect();
+    let round = ours.get("MUSTER_ROUND").and_then(|v| v.parse::<u64>().ok());
+    assert!(round.is_some(), "{what}: rank {rank}: muster did not set MUSTER_ROUND to a round number: {:?}", ours.get("MUSTER_ROUND"));
+    assert!(ours.get("MUSTER_INPLACE_SOCKET").is_some_and(|s| s.starts_with("@muster-inplace-")), "{what}: rank {rank}: {ours:?}");
+    // PYTHONPATH: the agent's own, then the in-place API's directory.
+    let path = ours.get("PYTHONPATH").map(String::as_str).unwrap_or_default();
+    let theirs_path = theirs.get("PYTHONPATH").map(|p| format!("{p}:")).unwrap_or_default();
+    let dir = path.strip_prefix(&theirs_path).unwrap_or_default();
+    assert!(!dir.contains(':') && dir.contains("muster-inplace-"), "{what}: rank {rank}: PYTHONPATH {path:?}");
+    let keys: std::collections::BTreeSet<&String> = theirs
+        .keys()
+        .chain(ours.keys())
+        .filter(|k| !MUSTER_ONLY.contains(&k.as_str()) && k.as_str() != "PYTHONPATH")
+        .collect();
     for k in keys {
         if !DIFFERENT_BY_NATURE.contains(&k.as_str()) {
             assert_eq!(theirs.get(k), ours.get(k), "{what}: rank {rank}: {k} differs (torchrun vs muster)");

@@ -23,6 +23,7 @@ mod goodput;
 mod gpu;
 mod hang;
 mod incidents;
+mod inplace;
 mod lemons;
 mod logs;
 mod multinode;

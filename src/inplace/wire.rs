@@ -1,0 +1,75 @@
+//! The channel's messages, pure: one JSON object per line, as `muster_inplace/_channel.py` writes and reads
+//! them. A worker says `hello` once and `reformed` after each re-formation; the agent sends `reform`.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// What a worker says.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FromWorker {
+    /// It uses the API and is connected: it can be re-formed in place. `pid` as it says it (the agent
+    /// trusts the socket's peer credentials instead).
+    Hello { pid: i32, local_rank: u32 },
+    /// It joined the process group of `round` and holds the state of commit `commit`.
+    Reformed { round: u64, commit: i64 },
+}
+
+/// A re-formation, as the agent hands it to a worker it keeps.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reform {
+    pub round: u64,
+    /// Every torchrun variable whose value changes from one start of the group to the next.
+    pub env: BTreeMap<String, String>,
+    /// The addresses of the nodes that left: the worker shuts down its sockets to them.
+    pub evicted: Vec<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "snake_case")]
+enum ToWorker<'a> {
+    Reform(&'a Reform),
+}
+
+/// Why a worker's line was not understood.
+#[derive(Debug, thiserror::Error)]
+#[error("a worker's in-place message is not understood ({0}); it is ignored")]
+pub struct BadMessage(String);
+
+pub fn decode(line: &[u8]) -> Result<FromWorker, BadMessage> {
+    serde_json::from_slice(line).map_err(|e| BadMessage(e.to_string()))
+}
+
+/// The line (newline included) that hands `reform` to a worker.
+pub fn encode(reform: &Reform) -> Vec<u8> {
+    // A struct of strings and integers always serialises.
+    let mut line = serde_json::to_vec(&ToWorker::Reform(reform)).unwrap_or_default();
+    line.push(b'\n');
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_as_the_python_side_writes_and_reads_them() {
+        let hello = br#"{"hello": {"pid": 4242, "local_rank": 1}}"#;
+        assert_eq!(decode(hello).expect("hello"), FromWorker::Hello { pid: 4242, local_rank: 1 });
+        let done = br#"{"reformed": {"round": 7, "commit": -1}}"#;
+        assert_eq!(decode(done).expect("reformed"), FromWorker::Reformed { round: 7, commit: -1 });
+        for bad in [&b"{}"[..], b"{\"hello\": {}}", b"not json", b"{\"reform\": {\"round\": 1}}"] {
+            assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+        let reform = Reform {
+            round: 3,
+            env: BTreeMap::from([("RANK".into(), "2".into()), ("WORLD_SIZE".into(), "4".into())]),
+            evicted: vec!["10.0.0.2".into()],
+        };
+        assert_eq!(
+            String::from_utf8(encode(&reform)).expect("utf-8"),
+            "{\"reform\":{\"round\":3,\"env\":{\"RANK\":\"2\",\"WORLD_SIZE\":\"4\"},\"evicted\":[\"10.0.0.2\"]}}\n"
+        );
+    }
+}
