@@ -29,18 +29,28 @@ fn finals(dir: &Path, world: u32) -> Vec<String> {
 }
 
 /// Two agents of two workers each running the fixture (`steps`, holding at step `hold`).
-fn two_nodes(dir: &Path, steps: u32, hold: i64, run_id: &str) -> (Agent, Agent) {
+fn two_nodes(dir: &Path, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
+    job(dir, "2", steps, hold, run_id)
+}
+
+/// As [`two_nodes`], in a job of one or two nodes (`--nnodes 1:2`).
+fn elastic(dir: &Path, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
+    job(dir, "1:2", steps, hold, run_id)
+}
+
+fn job(dir: &Path, nnodes: &str, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
     let args = |node: &str, endpoint: &str| {
         let host = if node == "a" { "is_host=1," } else { "" };
-        AgentArgs::c10d(2, endpoint)
+        AgentArgs::c10d(nnodes, endpoint)
             .nproc(2)
-            .conf(format!("{host}last_call_timeout=1"))
+            // Both nodes in the first round (MAX seals it at once); a shrink waits for no last call.
+            .conf(format!("{host}last_call_timeout=30"))
             .run_id(run_id)
             .opt("--max-restarts=2")
             .script(fixture("inplace_train.py"))
             .arg(dir)
             .arg(steps.to_string())
-            .arg(hold.to_string())
+            .arg(hold)
             .build()
     };
     let a = Agent::start("a", &args("a", "127.0.0.1:0"));
@@ -50,28 +60,26 @@ fn two_nodes(dir: &Path, steps: u32, hold: i64, run_id: &str) -> (Agent, Agent) 
 }
 
 const STEPS: u32 = 40;
-const HOLD: i64 = 20;
 
 /// A worker SIGKILLed mid-training: the other three keep their processes and re-form with a new rank 1,
 /// which receives the state; the job ends with the weights of a run without the fault, on every rank.
 #[test]
 fn a_dead_worker_starts_again_and_the_others_keep_their_processes() {
     let reference = tempfile::tempdir().expect("tempdir");
-    let (mut a, mut b) = two_nodes(reference.path(), STEPS, -1, &format!("ref{}", std::process::id()));
+    let (mut a, mut b) = two_nodes(reference.path(), STEPS, "-1", &format!("ref{}", std::process::id()));
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
     let want = finals(reference.path(), 4);
     assert!(want.iter().all(|w| !w.is_empty() && *w == want[0]), "the fault-free run's ranks agree: {want:?}");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut a, mut b) = two_nodes(dir.path(), STEPS, HOLD, &format!("kill{}", std::process::id()));
-    let at_hold = || (0..4).all(|r| std::fs::read_to_string(dir.path().join(format!("step-{r}"))).is_ok_and(|s| s == HOLD.to_string()));
-    assert!(eventually(LONG, at_hold), "every rank reached step {HOLD}\n{}\n---\n{}", a.log(), b.log());
+    let (mut a, mut b) = two_nodes(dir.path(), STEPS, "20", &format!("kill{}", std::process::id()));
+    assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
     let first: BTreeMap<u32, i32> = calls(dir.path()).into_iter().map(|(rank, pid, _)| (rank, pid)).collect();
     assert_eq!(first.len(), 4, "{first:?}");
     // SAFETY: a worker of this test's own job.
     unsafe { libc::kill(first[&1], libc::SIGKILL) };
-    std::fs::write(dir.path().join("go"), "").expect("go");
+    go(dir.path(), 20);
     assert_eq!(a.exit_code(LONG), Some(0), "{}\n---\n{}", a.log(), b.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
 
@@ -98,4 +106,56 @@ fn assert_close(got: &str, want: &str) {
     for (i, (g, w)) in got.iter().zip(&want).enumerate() {
         assert!((g - w).abs() <= 1e-5 * w.abs().max(1e-2), "weight {i}: {g} against {w} without the fault");
     }
+}
+
+/// Whether every rank of `ranks` wrote step `step` (it waits there for the test).
+fn all_at(dir: &Path, ranks: std::ops::Range<u32>, step: u32) -> bool {
+    ranks.into_iter().all(|r| std::fs::read_to_string(dir.join(format!("step-{r}"))).is_ok_and(|s| s == step.to_string()))
+}
+
+fn go(dir: &Path, step: u32) {
+    std::fs::write(dir.join(format!("go-{step}")), "").expect("go");
+}
+
+/// `--nnodes 1:2`: node b's agent is SIGKILLed (its workers die with it): a's two workers keep their
+/// processes and train on in a world of 2. Then a new node c joins: a world of 4 again, a's workers still
+/// in their processes, c's ranks given the state, every rank ending with the same weights.
+#[test]
+fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run_id = format!("lost{}", std::process::id());
+    let (mut a, mut b) = elastic(dir.path(), STEPS, "20,30", &run_id);
+    assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
+    let first = calls(dir.path());
+    let a_pids: Vec<i32> = first.iter().filter(|(rank, _, _)| *rank < 2).map(|(_, pid, _)| *pid).collect();
+    b.guard.0.kill().expect("SIGKILL b's agent");
+    go(dir.path(), 20);
+    assert!(eventually(LONG, || all_at(dir.path(), 0..2, 30)), "a's ranks trained on to step 30\n{}", a.log());
+    let all = calls(dir.path());
+    let shrunk: Vec<(u32, i32)> = all.iter().skip(4).map(|(rank, pid, _)| (*rank, *pid)).collect();
+    assert_eq!(shrunk.len(), 2, "a's two workers ran the training function again: {all:?}\n{}", a.log());
+    assert!(shrunk.iter().all(|(rank, pid)| *rank < 2 && a_pids.contains(pid)), "a's workers kept their processes: {all:?}");
+
+    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
+    let c_args = AgentArgs::c10d("1:2", &endpoint)
+        .nproc(2)
+        .conf("last_call_timeout=30")
+        .run_id(&run_id)
+        .opt("--max-restarts=2")
+        .script(fixture("inplace_train.py"))
+        .arg(dir.path())
+        .arg(STEPS.to_string())
+        .arg("20,30")
+        .build();
+    let mut c = Agent::start("c", &c_args);
+    assert!(eventually(LONG, || calls(dir.path()).len() == 10), "a world of 4 again: {:?}\n{}\n---\n{}", calls(dir.path()), a.log(), c.log());
+    let grown: Vec<(u32, i32)> = calls(dir.path()).iter().skip(6).map(|(rank, pid, _)| (*rank, *pid)).collect();
+    for (rank, pid) in &grown {
+        assert_eq!(*rank < 2, a_pids.contains(pid), "a's workers kept ranks 0 and 1, c's are new: {grown:?}");
+    }
+    go(dir.path(), 30);
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());
+    let got = finals(dir.path(), 4);
+    assert!(!got[0].is_empty() && got.iter().all(|w| *w == got[0]), "every rank ends with the same weights: {got:?}");
 }
