@@ -3,8 +3,9 @@
 //!
 //! In a synchronous job every rank waits for the slowest at each collective: the slowest rank is the one
 //! that almost never waits while the others mostly do. A rank is named when, over one window, its share of
-//! samples spent waiting is at most [`LAG_RATIO`] of the job's median share while that median is at least
-//! [`MIN_MEDIAN_WAIT`] (a job whose ranks hardly wait has no straggler to find), or when its GPU's clocks
+//! samples spent waiting is at most [`LAG_RATIO`] of the job's median share, and [`LAG_SIGMAS`] standard errors
+//! of its own share below it (sampling noise names nobody), while that median is at least [`MIN_MEDIAN_WAIT`]
+//! (a job whose ranks hardly wait has no straggler to find), or when its GPU's clocks
 //! were slowed (hardware slowdown, thermal, power brake) in most samples, or ran at under
 //! [`SLOW_CLOCK_RATIO`] of both its node's and the job's median SM clock.
 
@@ -13,8 +14,12 @@ use serde::{Deserialize, Serialize};
 use crate::hang::capture::Frame;
 use crate::hang::wait::{waits_on_peers, ThreadState};
 
-/// A rank waits this much less than the median at most to be named.
-pub const LAG_RATIO: f64 = 0.35;
+/// A rank waits this much less than the median at most to be named: half. On a loaded host even a straggler
+/// waits now and then (its peers lose the CPU too), so its share can reach 45% beside a median of 97%.
+pub const LAG_RATIO: f64 = 0.5;
+/// And this many standard errors of its own share below the median: `n` samples of a rank that waits as
+/// the median does, `p`, count `p·n ± sqrt(p(1-p)n)` waits by chance; below three of those is not chance.
+pub const LAG_SIGMAS: f64 = 3.0;
 /// The job's median wait share below which nobody is named.
 pub const MIN_MEDIAN_WAIT: f64 = 0.25;
 /// Samples a rank needs in a window to be judged.
@@ -63,9 +68,12 @@ fn starting(f: &Frame) -> bool {
 pub struct RankWindow {
     pub rank: u32,
     pub local_rank: u32,
-    /// Stack samples taken, and how many were waiting.
+    /// Stack samples taken, and how many were waiting; besides them, the samples still starting (joining
+    /// the process group, building the distributed model), which count for nothing but this.
     pub samples: u32,
     pub waiting: u32,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub starting: u32,
     /// Where it worked most: its innermost own frame.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frame: Option<String>,
@@ -76,6 +84,10 @@ pub struct RankWindow {
     pub sm_mhz: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slowed: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl RankWindow {
@@ -117,6 +129,12 @@ impl Straggler {
             self.rank, self.node, self.group_rank, self.local_rank, self.why
         )
     }
+}
+
+/// Whether a rank that waits `share` of its `samples` lags behind a median share of `med`.
+fn lags(share: f64, samples: u32, med: f64) -> bool {
+    let standard_error = (med * (1.0 - med) / f64::from(samples.max(1))).sqrt();
+    share <= LAG_RATIO * med && share <= med - LAG_SIGMAS * standard_error
 }
 
 fn median(mut v: Vec<f64>) -> Option<f64> {
@@ -170,7 +188,7 @@ pub fn judge(windows: &[NodeWindow]) -> Vec<Straggler> {
             }
         }
         let (Some(share), Some(med)) = (r.wait_share().filter(|_| !w.denied), median_wait) else { continue };
-        if med >= MIN_MEDIAN_WAIT && share <= LAG_RATIO * med {
+        if med >= MIN_MEDIAN_WAIT && lags(share, r.samples, med) {
             let place = r.frame.as_ref().map(|f| format!("; it works in {f}")).unwrap_or_default();
             named.push(name(format!("waits {} of the time, the job's median {}{place}", pct(share), pct(med))));
         }
@@ -216,8 +234,28 @@ mod tests {
         }
     }
 
+    #[test]
+    fn a_rank_lags_at_half_the_median_and_beyond_its_sampling_noise() {
+        // (waits of 20 samples, the median share, lagging)
+        let table = [
+            // A data-slow rank on a loaded host, and the first window of training, still its start's.
+            (9, 0.975, true),
+            (7, 0.85, true),
+            (12, 0.85, false),
+            // Half the median, but within three standard errors of it (0.11 at 20 samples of 0.5).
+            (4, 0.5, false),
+            (3, 0.5, true),
+            // A balanced job's rank that waited little by chance.
+            (2, 0.3, false),
+            (0, 0.3, false),
+        ];
+        for (waits, med, want) in table {
+            assert_eq!(lags(f64::from(waits) / 20.0, 20, med), want, "{waits} of 20 against {med}");
+        }
+    }
+
     fn rank(rank: u32, waiting: u32) -> RankWindow {
-        RankWindow { rank, local_rank: rank % 2, samples: 100, waiting, frame: Some("train.py:40 step".into()), gpu: None, sm_mhz: None, slowed: None }
+        RankWindow { rank, local_rank: rank % 2, samples: 100, waiting, starting: 0, frame: Some("train.py:40 step".into()), gpu: None, sm_mhz: None, slowed: None }
     }
 
     fn nodes(ranks: Vec<RankWindow>) -> Vec<NodeWindow> {

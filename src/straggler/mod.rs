@@ -45,9 +45,9 @@ pub struct Monitor {
     /// Each lagging or named rank's stretch.
     stretches: Stretches,
     /// The last window judged; the first in which the running group was seen training (its ranks waiting
-    /// on each other, each sampled enough to be judged), which still holds the ranks' arrival from their
-    /// start (the first to start wait for the last); and the next judged that way, the first whole window
-    /// of training: where "within two windows" counts from.
+    /// on each other, each sampled enough to be judged, none seen starting), which may still hold the
+    /// ranks' arrival from their start (the first to start wait for the last); and the next judged that
+    /// way, the first whole window of training: where "within two windows" counts from.
     judged: u64,
     training_seen: Option<u64>,
     training_since: Option<u64>,
@@ -154,9 +154,10 @@ impl Monitor {
     /// Names each new straggler, says when one keeps pace again, and under `drain` names the node of one
     /// that stayed a straggler through a second window.
     async fn verdict<S: Store>(&mut self, board: &PaceBoard<S>, windows: &[NodeWindow], window: u64, every_node: bool) {
-        // Training, every node's window in, every rank sampled enough to be judged: from here on a straggler
-        // can be seen.
-        let judged_all = every_node && windows.iter().all(|w| w.denied || w.ranks.iter().all(|r| r.wait_share().is_some()));
+        // Training, every node's window in, every rank sampled enough to be judged and none still starting
+        // (the first to start wait for the last, which no one's pace is): from here on a straggler can be seen.
+        let judged_all = every_node
+            && windows.iter().all(|w| w.denied || w.ranks.iter().all(|r| r.wait_share().is_some() && r.starting == 0));
         if judged_all && judge::median_wait(windows).is_some_and(|m| m >= judge::MIN_MEDIAN_WAIT) {
             if self.training_seen.is_some_and(|seen| seen < window) {
                 self.training_since.get_or_insert(window);
@@ -170,7 +171,8 @@ impl Monitor {
             .collect();
         let lagging: Vec<u32> = named.iter().map(|s| s.rank).collect();
         let median = judge::median_wait(windows);
-        tracing::debug!(window, nodes = windows.len(), ?median, ?judged, ?lagging, "straggler window judged");
+        let waits: Vec<(u32, u32, u32)> = windows.iter().flat_map(|w| w.ranks.iter().map(|r| (r.rank, r.waiting, r.samples))).collect();
+        tracing::debug!(window, nodes = windows.len(), ?median, ?judged, ?lagging, ?waits, "straggler window judged");
         let changes = self.stretches.window(&judged, &lagging);
         for s in named.iter().filter(|s| changes.named.contains(&s.rank)) {
             tracing::warn!("{} (two windows of {:?})", s.line(), self.cfg.window);
@@ -183,7 +185,8 @@ impl Monitor {
                     "node": s.node,
                     "why": s.why,
                     "window": window,
-                    "windows_training": self.training_since.map(|t| window + 1 - t.min(window)),
+                    // 0: named in the windows that still held the start, before the first whole one of training.
+                    "windows_training": self.training_since.map_or(0, |t| (window + 1).saturating_sub(t)),
                 }),
             );
             if let Some(m) = &self.metrics {

@@ -77,6 +77,7 @@ impl Sampler {
 struct Sums {
     samples: u32,
     waiting: u32,
+    starting: u32,
     frames: HashMap<String, u32>,
     clocks: Vec<u32>,
     slowed: HashMap<String, u32>,
@@ -191,7 +192,7 @@ fn run(armed: Armed, note: &PaceNote, stop: &AtomicBool) {
 fn sample(armed: &Armed, reader: &mut Reader, sum: &mut Sums) {
     if let Some((frames, state)) = reader.frames() {
         match classify(&frames, state) {
-            Sample::Starting => {}
+            Sample::Starting => sum.starting += 1,
             Sample::Waiting => {
                 sum.samples += 1;
                 sum.waiting += 1;
@@ -240,6 +241,7 @@ fn summarize(armed: &Armed, window: u64, readers: &[Reader], sums: &mut [Sums]) 
                 local_rank: reader.target.local_rank,
                 samples: s.samples,
                 waiting: s.waiting,
+                starting: s.starting,
                 frame,
                 gpu: armed.gpus.get(&reader.target.local_rank).copied(),
                 sm_mhz: clocks.get(clocks.len() / 2).copied(),
