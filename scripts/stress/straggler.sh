@@ -28,6 +28,12 @@ job control muster none compute "$((MINUTES * 60))" "--straggler-window=$WINDOW"
 steps="$(rate "$work/control")"
 lines="$(grep -h "straggler: rank" "$work/control"/*.log || true)"
 echo "balanced $JOB job, ${MINUTES} min, ${WINDOW} s windows (~$((MINUTES * 60 / WINDOW)) judged): ${steps} steps/s"
+if [ "$steps" = - ]; then
+    # A job that never trained names nobody: that is no pass.
+    echo "FAIL: the job did not train; agent a said:"
+    tail -n 5 "$work/control/a.log"
+    exit 1
+fi
 if [ -n "$lines" ]; then
     echo "FAIL: a balanced job named a straggler:"
     echo "$lines"

@@ -10,70 +10,108 @@ use tokio::time::Instant;
 
 use super::AgentError;
 use crate::config::LaunchConfig;
-use crate::inplace::{wire::Reform, Channel};
+use crate::inplace::{wire::Reform, ApiDir, Channel};
 use crate::supervisor::keep::Kept;
 use crate::supervisor::WorkerGroup;
 
 pub(super) struct InPlace {
-    channel: Channel,
+    /// None with `--in-place off` (or under hang detection): the API is importable, nothing is kept.
+    channel: Option<Channel>,
+    api: ApiDir,
     timeout: Duration,
-    /// The kept workers handed a round and not yet confirmed: (pids, round, deadline).
-    confirm: Option<(Vec<i32>, u64, Instant)>,
+    /// The kept workers handed a round and not yet confirmed.
+    confirm: Option<Confirm>,
+}
+
+#[derive(Clone)]
+struct Confirm {
+    pids: Vec<i32>,
+    round: u64,
+    deadline: Instant,
+    /// The deadline was moved once for the workers that took the round up and wait on their peers.
+    extended: bool,
 }
 
 impl InPlace {
-    /// The channel when `--in-place on`. Off under hang detection for now: a kept worker's progress goes to
-    /// the files of the start that spawned it, which the monitor of the next start does not read.
-    pub(super) fn open(cfg: &LaunchConfig) -> Result<Option<InPlace>, AgentError> {
-        let Some(in_place) = cfg.in_place else { return Ok(None) };
-        if cfg.hang.is_some() {
-            tracing::info!("--hang-timeout is set: every re-formation restarts every worker (--in-place needs it unset)");
-            return Ok(None);
-        }
-        let channel = Channel::open()?;
-        Ok(Some(InPlace { channel, timeout: in_place.timeout, confirm: None }))
+    /// The API's directory, and the channel when `--in-place on`. Off under hang detection for now: a kept
+    /// worker's progress goes to the files of the start that spawned it, which the monitor of the next start
+    /// does not read.
+    pub(super) fn open(cfg: &LaunchConfig) -> Result<InPlace, AgentError> {
+        let api = ApiDir::write()?;
+        let timeout = cfg.in_place.map_or(Duration::ZERO, |c| c.timeout);
+        let channel = match (cfg.in_place, &cfg.hang) {
+            (Some(_), Some(_)) => {
+                tracing::info!("--hang-timeout is set: every re-formation restarts every worker (--in-place needs it unset)");
+                None
+            }
+            (Some(_), None) => Some(Channel::open()?),
+            (None, _) => None,
+        };
+        Ok(InPlace { channel, api, timeout, confirm: None })
     }
 
-    /// What every worker's environment gets.
+    /// Whether workers can be kept.
+    pub(super) fn on(&self) -> bool {
+        self.channel.is_some()
+    }
+
+    /// What every worker's environment gets: the API on PYTHONPATH, and the channel when on.
     pub(super) fn env(&self) -> Vec<(String, String)> {
-        self.channel.worker_env(self.timeout, std::env::var("PYTHONPATH").ok().as_deref())
+        let mut env = vec![("PYTHONPATH".to_string(), self.api.python_path(std::env::var("PYTHONPATH").ok().as_deref()))];
+        if let Some(channel) = &self.channel {
+            env.extend(channel.worker_env(self.timeout));
+        }
+        env
     }
 
     /// The running workers of `group` that can be kept: they use the API and are connected.
     pub(super) fn keepable(&self, group: &WorkerGroup) -> HashSet<i32> {
-        self.channel.keepable(&group.running_workers())
+        self.channel.as_ref().map(|c| c.keepable(&group.running_workers())).unwrap_or_default()
     }
 
     /// Hands each kept worker its part of `round`; the confirmation is due within the timeout.
     pub(super) fn hand_over(&mut self, kept: &[Kept], round: u64) {
+        let Some(channel) = &self.channel else { return };
         for k in kept {
             let reform = Reform { round, env: k.env.iter().cloned().collect(), evicted: Vec::new() };
-            if !self.channel.assign(k.pid, &reform) {
+            if !channel.assign(k.pid, &reform) {
                 tracing::warn!(pid = k.pid, "worker {} left the in-place channel; it is stopped at the timeout", k.local_rank);
             }
         }
         let pids: Vec<i32> = kept.iter().map(|k| k.pid).collect();
-        self.confirm = (!pids.is_empty()).then(|| (pids, round, Instant::now() + self.timeout));
+        let deadline = Instant::now() + self.timeout;
+        self.confirm = (!pids.is_empty()).then_some(Confirm { pids, round, deadline, extended: false });
     }
 
     /// Cancel-safe: the kept workers that did not confirm in time (to be killed); pending while there is
-    /// nothing left to confirm.
+    /// nothing left to confirm. At the timeout, a worker that never took its round up is stuck; one that
+    /// did waits on a peer (the stuck one, maybe, which the kill replaces) and gets the timeout once more.
     pub(super) async fn overdue(&mut self) -> Vec<i32> {
         loop {
-            let Some((pids, round, deadline)) = self.confirm.clone() else { return std::future::pending().await };
-            let missing = self.channel.unconfirmed(&pids, round, deadline).await;
+            let (Some(c), Some(channel)) = (self.confirm.clone(), &self.channel) else { return std::future::pending().await };
+            let missing = channel.unconfirmed(&c.pids, c.round, c.deadline).await;
             self.confirm = None;
             if missing.is_empty() {
-                tracing::info!(round, "{} worker(s) re-formed in place", pids.len());
+                tracing::info!(round = c.round, "{} worker(s) re-formed in place", c.pids.len());
                 continue;
             }
-            let pids = missing.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+            let (waiting, stuck): (Vec<i32>, Vec<i32>) = missing.iter().partition(|p| channel.taken(**p, c.round));
+            let overdue = if c.extended || waiting.is_empty() {
+                missing
+            } else {
+                self.confirm = Some(Confirm { pids: waiting, deadline: Instant::now() + self.timeout, extended: true, ..c });
+                stuck
+            };
+            if overdue.is_empty() {
+                continue;
+            }
+            let pids = overdue.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
             tracing::warn!(
-                round,
+                round = c.round,
                 "worker process(es) {pids} did not re-form in place within --in-place-timeout ({:?}); stopping them (each starts again cold)",
                 self.timeout
             );
-            return missing;
+            return overdue;
         }
     }
 }

@@ -73,8 +73,8 @@ pub(super) struct Work {
     pub(super) links: Option<super::links::LinkWatch>,
     /// Straggler detection (`--straggler-window`), sampling the running group.
     pub(super) pace: Option<crate::straggler::Monitor>,
-    /// Re-forming in place (`--in-place on`).
-    pub(super) in_place: Option<super::inplace::InPlace>,
+    /// Re-forming in place: the API for the workers, the channel with `--in-place on`.
+    pub(super) in_place: super::inplace::InPlace,
 }
 
 impl Work {
@@ -169,12 +169,7 @@ impl Work {
             };
             tokio::pin!(straggling);
             let won = loop {
-                let overdue = async {
-                    match self.in_place.as_mut() {
-                        Some(in_place) => in_place.overdue().await,
-                        None => std::future::pending().await,
-                    }
-                };
+                let overdue = self.in_place.overdue();
                 break tokio::select! {
                     outcome = group.watch(&mut self.spares) => match outcome {
                         Watch::Succeeded => Won::Input(Input::Succeeded),
@@ -261,8 +256,8 @@ impl Work {
         if let Some(monitor) = self.pace.as_mut() {
             monitor.disarm();
         }
-        let kept = match (keep, &self.in_place, &self.group) {
-            (true, Some(in_place), Some(group)) => in_place.keepable(group),
+        let kept = match (keep, &self.group) {
+            (true, Some(group)) => self.in_place.keepable(group),
             _ => std::collections::HashSet::new(),
         };
         let failures = match self.group.as_mut() {

@@ -80,7 +80,7 @@ impl Agent {
             on_hang: cfg.hang.as_ref().map(|h| h.on_hang).unwrap_or(crate::config::OnHang::Restart),
             multi_node: cfg.max_nodes > 1,
             gpus: gpus.as_ref().map(|g| g.all.iter().map(|gpu| gpu.index).collect()).unwrap_or_default(),
-            in_place: in_place.is_some(),
+            in_place: in_place.on(),
         };
         let worker_store = WorkerStore {
             server: None,

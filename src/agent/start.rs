@@ -152,9 +152,7 @@ impl Work {
             return Input::Failed(AgentError::Internal("starting without a round".into()));
         };
         let (mut extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
-        if let Some(in_place) = &self.in_place {
-            extra_env.extend(in_place.env());
-        }
+        extra_env.extend(self.in_place.env());
         let attempt = match self.logs.attempt(restart_count, nproc) {
             Ok(a) => a,
             Err(e) => return Input::Failed(e.into()),
@@ -193,10 +191,8 @@ impl Work {
             // Workers kept in place: the missing ranks start, the kept ones are handed the round.
             Some(mut group) => match group.start_missing(&spec, &cfg.entrypoint, &attempt, self.logs.config(), &self.hostname, &mut self.spares) {
                 Ok(kept) => {
-                    if let Some(in_place) = self.in_place.as_mut() {
-                        in_place.hand_over(&kept, round.round);
-                    }
-                    Ok(group)
+                    self.in_place.hand_over(&kept, round.round);
+                    Ok((group, kept.len() as u32))
                 }
                 Err(e) => {
                     // Stopped at the agent's end with what it kept.
@@ -212,10 +208,11 @@ impl Work {
                 &self.hostname,
                 self.guard.clone(),
                 &mut self.spares,
-            ),
+            )
+            .map(|group| (group, 0)),
         };
         match started {
-            Ok(group) => {
+            Ok((group, kept)) => {
                 tracing::debug!(pids = ?group.pids(), log_dir = ?attempt.dir(), "workers started");
                 let targets = group.targets();
                 self.stacks.set(targets.clone(), attempt.progress().map(|hooks| hooks.progress.clone()));
@@ -231,7 +228,7 @@ impl Work {
                     });
                 }
                 self.group = Some(group);
-                Input::Started { gpus: used }
+                Input::Started { gpus: used, kept }
             }
             Err(e) => Input::Failed(e.into()),
         }

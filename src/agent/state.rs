@@ -151,8 +151,9 @@ pub enum Input {
     Joined { nproc: u32 },
     /// Joining: the membership changed before the group started.
     JoinChanged(RdzvEvent),
-    /// Starting: the workers run; `gpus` are the GPUs they were placed on (None: no placement).
-    Started { gpus: Option<BTreeSet<u32>> },
+    /// Starting: the workers run; `gpus` are the GPUs they were placed on (None: no placement); `kept`:
+    /// how many of them were kept in place from the last group.
+    Started { gpus: Option<BTreeSet<u32>>, kept: u32 },
     /// Starting: a GPU the workers need does not answer (the fault the driver made of it).
     StartLost(Fault),
     /// Running: every worker exited 0.
@@ -344,6 +345,8 @@ pub struct State {
     pub unrecorded: Option<StopKind>,
     /// The GPUs of a group one of whose workers died by itself, not checked since (see `Op::Reform`).
     pub died_on: Option<BTreeSet<u32>>,
+    /// Workers of the running group kept in place from the one before.
+    pub kept: u32,
 }
 
 impl State {
@@ -357,6 +360,7 @@ impl State {
             spent_by_last_stop: false,
             unrecorded: None,
             died_on: None,
+            kept: 0,
         }
     }
 
@@ -391,6 +395,7 @@ impl State {
             nproc: self.nproc(),
             restart_count: self.restart_count,
             restarts_left: self.restarts_left(),
+            kept: self.kept,
         }
     }
 

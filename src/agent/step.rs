@@ -56,8 +56,9 @@ fn on_completion(state: &mut State, phase: Phase, input: Input) -> Phase {
     match (phase, input) {
         (Phase::Joining, Input::Joined { nproc }) if nproc == state.nproc() => Phase::Starting,
         (Phase::Joining, Input::Joined { .. }) => Phase::Reforming { open: true },
-        (Phase::Starting, Input::Started { gpus }) => {
+        (Phase::Starting, Input::Started { gpus, kept }) => {
             state.in_use = gpus;
+            state.kept = kept;
             state.spent_by_last_stop = false;
             Phase::Running
         }

@@ -64,7 +64,7 @@ fn inputs() -> Vec<(&'static str, Input)> {
         ("xid-ignored", Input::Fault(fault(1, FaultKind::Xid(Some(43)), Action::Ignore))),
         ("joined", Input::Joined { nproc: 4 }),
         ("join-changed", Input::JoinChanged(RdzvEvent::PeerLost("n".into()))),
-        ("started", Input::Started { gpus: Some((0..4).collect()) }),
+        ("started", Input::Started { gpus: Some((0..4).collect()), kept: 0 }),
         ("start-lost", Input::StartLost(fault(3, FaultKind::Lost, Action::Drain))),
         ("succeeded", Input::Succeeded),
         ("worker-failed", Input::WorkerFailed { failure: failure(1), change: None }),
@@ -441,7 +441,7 @@ fn a_gpu_excluded_while_joining_lets_the_join_finish_then_reforms_and_refunds_th
     assert!(matches!(state.phase, Phase::Reforming { open: true }), "joined with 4, needs 3: {:?}", state.phase);
     run(&mut state, vec![Input::Reformed, Input::Joined { nproc: 3 }]);
     assert!(matches!(state.phase, Phase::Starting));
-    run(&mut state, vec![Input::Started { gpus: Some([0, 1, 3].into()) }]);
+    run(&mut state, vec![Input::Started { gpus: Some([0, 1, 3].into()), kept: 0 }]);
     assert!(!state.spent_by_last_stop);
 }
 

@@ -39,7 +39,7 @@ const MAX_LINE: usize = 64 * 1024;
 pub enum InPlaceError {
     #[error("cannot open the in-place channel {name}: {source}; start with --in-place off to run without it")]
     Listen { name: String, source: io::Error },
-    #[error("cannot write the in-place Python API to {path}: {source}; check that the directory is writable, or start with --in-place off")]
+    #[error("cannot write the in-place Python API to {path}: {source}; point TMPDIR at a writable directory")]
     Module { path: String, source: io::Error },
 }
 
@@ -47,7 +47,8 @@ pub enum InPlaceError {
 struct Conn {
     local_rank: u32,
     tx: mpsc::UnboundedSender<Vec<u8>>,
-    /// The newest round it said it re-formed in.
+    /// The newest round it said it took up, and the newest it said it re-formed in.
+    taken: Option<u64>,
     reformed: Option<u64>,
 }
 
@@ -64,22 +65,50 @@ impl Shared {
     }
 }
 
-/// The agent's end of the channel, and the directory its Python API is importable from; its tasks and
-/// the directory end with it.
+/// The directory the Python API is importable from, written at set-up whether in place is on or not (a
+/// script that uses the API runs as under torchrun with it off); removed with it.
+pub struct ApiDir {
+    dir: PathBuf,
+}
+
+impl ApiDir {
+    /// Writes the API to a directory of this agent's own. Blocking (a few small files): at set-up.
+    pub fn write() -> Result<ApiDir, InPlaceError> {
+        let dir = std::env::temp_dir().join(format!("muster-inplace-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple()));
+        write_module(&dir)?;
+        Ok(ApiDir { dir })
+    }
+
+    /// PYTHONPATH for the workers: `parent` (the agent's own; a `muster_inplace` the user installed comes
+    /// first), then this directory.
+    pub fn python_path(&self, parent: Option<&str>) -> String {
+        let dir = self.dir.display().to_string();
+        match parent.filter(|p| !p.is_empty()) {
+            Some(first) => format!("{first}:{dir}"),
+            None => dir,
+        }
+    }
+}
+
+impl Drop for ApiDir {
+    fn drop(&mut self) {
+        if let Err(e) = std::fs::remove_dir_all(&self.dir) {
+            tracing::debug!("cannot remove {}: {e}", self.dir.display());
+        }
+    }
+}
+
+/// The agent's end of the channel; its tasks end with it.
 pub struct Channel {
     name: String,
-    module_dir: PathBuf,
     shared: Arc<Shared>,
     tasks: JoinSet<()>,
 }
 
 impl Channel {
-    /// Listens on an abstract socket of this agent's own, and writes the Python API to a directory of its
-    /// own. Blocking (a few small files): at set-up.
+    /// Listens on an abstract socket of this agent's own.
     pub fn open() -> Result<Channel, InPlaceError> {
         let name = format!("muster-inplace-{}-{}", std::process::id(), uuid::Uuid::new_v4().simple());
-        let module_dir = std::env::temp_dir().join(&name);
-        write_module(&module_dir)?;
         let listen = || -> io::Result<UnixListener> {
             use std::os::linux::net::SocketAddrExt;
             let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
@@ -91,23 +120,12 @@ impl Channel {
         let shared = Arc::new(Shared::default());
         let mut tasks = JoinSet::new();
         tasks.spawn(accept(listener, shared.clone()));
-        Ok(Channel { name, module_dir, shared, tasks })
+        Ok(Channel { name, shared, tasks })
     }
 
-    /// What each worker's environment gets: the channel, the bound on waiting for an assignment, and the
-    /// API's directory last on PYTHONPATH (`parent`: the agent's own value; a `muster_inplace` the user
-    /// installed comes first).
-    pub fn worker_env(&self, bound: Duration, parent: Option<&str>) -> Vec<(String, String)> {
-        let dir = self.module_dir.display().to_string();
-        let path = match parent.filter(|p| !p.is_empty()) {
-            Some(first) => format!("{first}:{dir}"),
-            None => dir,
-        };
-        vec![
-            (SOCKET_VAR.into(), format!("@{}", self.name)),
-            (TIMEOUT_VAR.into(), format!("{}", bound.as_secs_f64())),
-            ("PYTHONPATH".into(), path),
-        ]
+    /// What each worker's environment gets: the channel, and the bound on waiting for an assignment.
+    pub fn worker_env(&self, bound: Duration) -> Vec<(String, String)> {
+        vec![(SOCKET_VAR.into(), format!("@{}", self.name)), (TIMEOUT_VAR.into(), format!("{}", bound.as_secs_f64()))]
     }
 
     /// The pids among `workers` (local rank, pid) whose worker said hello with that local rank and is still
@@ -121,6 +139,11 @@ impl Channel {
     pub fn assign(&self, pid: i32, reform: &wire::Reform) -> bool {
         let conns = self.shared.lock();
         conns.get(&pid).is_some_and(|c| c.tx.send(wire::encode(reform)).is_ok())
+    }
+
+    /// Whether worker `pid` took up the re-formation of `round` (its main thread is at it, not stuck).
+    pub fn taken(&self, pid: i32, round: u64) -> bool {
+        self.shared.lock().get(&pid).is_some_and(|c| c.taken >= Some(round))
     }
 
     /// Waits until every worker of `pids` said it re-formed in `round`, or `deadline`, or until each of
@@ -151,9 +174,6 @@ impl Channel {
 impl Drop for Channel {
     fn drop(&mut self) {
         self.tasks.abort_all();
-        if let Err(e) = std::fs::remove_dir_all(&self.module_dir) {
-            tracing::debug!("cannot remove {}: {e}", self.module_dir.display());
-        }
     }
 }
 
@@ -203,7 +223,12 @@ async fn serve(stream: UnixStream, pid: i32, shared: Arc<Shared>) {
         }
         match wire::decode(&line) {
             Ok(wire::FromWorker::Hello { local_rank, .. }) => {
-                shared.lock().insert(pid, Conn { local_rank, tx: tx.clone(), reformed: None });
+                shared.lock().insert(pid, Conn { local_rank, tx: tx.clone(), taken: None, reformed: None });
+            }
+            Ok(wire::FromWorker::Taken { round }) => {
+                if let Some(c) = shared.lock().get_mut(&pid) {
+                    c.taken = Some(round);
+                }
             }
             Ok(wire::FromWorker::Reformed { round, commit }) => {
                 tracing::debug!(pid, round, commit, "worker re-formed in place");
@@ -239,10 +264,14 @@ mod tests {
     #[tokio::test]
     async fn a_worker_says_hello_is_handed_a_round_and_confirms() {
         let channel = Channel::open().expect("open");
-        let env = channel.worker_env(Duration::from_secs(5), Some("/site"));
+        let env = channel.worker_env(Duration::from_secs(5));
         let name = env[0].1.strip_prefix('@').expect("abstract").to_string();
-        assert!(env[2].1.starts_with("/site:") && env[2].1.ends_with(&name), "{env:?}");
-        assert!(channel.module_dir.join("muster_inplace/_run.py").is_file());
+        let api = ApiDir::write().expect("api");
+        assert!(api.dir.join("muster_inplace/_run.py").is_file());
+        assert_eq!(api.python_path(Some("/site")), format!("/site:{}", api.dir.display()));
+        let dir = api.dir.clone();
+        drop(api);
+        assert!(!dir.exists(), "removed with the agent");
         let me = std::process::id() as i32;
         let addr = {
             use std::os::linux::net::SocketAddrExt;

@@ -1,5 +1,6 @@
 //! The channel's messages, pure: one JSON object per line, as `muster_inplace/_channel.py` writes and reads
-//! them. A worker says `hello` once and `reformed` after each re-formation; the agent sends `reform`.
+//! them. A worker says `hello` once, `taken` when its main thread takes up a re-formation and `reformed` when
+//! it is done; the agent sends `reform`.
 
 use std::collections::BTreeMap;
 
@@ -12,6 +13,8 @@ pub enum FromWorker {
     /// It uses the API and is connected: it can be re-formed in place. `pid` as it says it (the agent
     /// trusts the socket's peer credentials instead).
     Hello { pid: i32, local_rank: u32 },
+    /// Its main thread took up the re-formation of `round` (a worker stuck in C code never says so).
+    Taken { round: u64 },
     /// It joined the process group of `round` and holds the state of commit `commit`.
     Reformed { round: u64, commit: i64 },
 }
@@ -57,6 +60,7 @@ mod tests {
     fn lines_as_the_python_side_writes_and_reads_them() {
         let hello = br#"{"hello": {"pid": 4242, "local_rank": 1}}"#;
         assert_eq!(decode(hello).expect("hello"), FromWorker::Hello { pid: 4242, local_rank: 1 });
+        assert_eq!(decode(br#"{"taken": {"round": 7}}"#).expect("taken"), FromWorker::Taken { round: 7 });
         let done = br#"{"reformed": {"round": 7, "commit": -1}}"#;
         assert_eq!(decode(done).expect("reformed"), FromWorker::Reformed { round: 7, commit: -1 });
         for bad in [&b"{}"[..], b"{\"hello\": {}}", b"not json", b"{\"reform\": {\"round\": 1}}"] {

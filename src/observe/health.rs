@@ -66,6 +66,7 @@ mod tests {
             nproc: 1,
             restart_count: 0,
             restarts_left: 0,
+            kept: 0,
         };
         let cases = [
             (state(Rendezvous, None, false), true),

@@ -252,7 +252,8 @@ impl Observer {
         // A set-up that failed (no state) is never healthy.
         self.health.set(state.is_some_and(health::healthy), to_name);
         let cause = state.and_then(|s| s.stop);
-        if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause) {
+        let kept = state.map_or(0, |s| s.kept);
+        if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause, kept) {
             self.recovered(&r);
         }
         self.account(from, to, spent, now.saturating_duration_since(input_at.unwrap_or(now)));
@@ -304,11 +305,14 @@ impl Observer {
         }
     }
 
+    /// A recovery's line, event and metrics; one that kept workers in place is its own kind: `{cause}, in
+    /// place` in the line and the metric's label, `in_place` (the workers kept) in the event.
     fn recovered(&self, r: &recovery::Recovery) {
         let [detect, stop, rendezvous, spawn] = r.phases;
+        let kind = if r.kept > 0 { format!("{}, in place", r.cause) } else { r.cause.to_string() };
+        let kept = if r.kept > 0 { format!("; {} worker(s) kept in place", r.kept) } else { String::new() };
         tracing::info!(
-            "recovered from {} in {:.1} ms (detect {:.1}, stop {:.1}, rendezvous {:.1}, spawn {:.1})",
-            r.cause,
+            "recovered from {kind} in {:.1} ms (detect {:.1}, stop {:.1}, rendezvous {:.1}, spawn {:.1}){kept}",
             ms(r.total),
             ms(detect),
             ms(stop),
@@ -318,10 +322,10 @@ impl Observer {
         self.emit(
             "muster.agent.recovery",
             json!({ "cause": r.cause, "recovery_ms": ms(r.total), "detect_ms": ms(detect), "stop_ms": ms(stop),
-                    "rendezvous_ms": ms(rendezvous), "spawn_ms": ms(spawn) }),
+                    "rendezvous_ms": ms(rendezvous), "spawn_ms": ms(spawn), "in_place": r.kept }),
         );
         if let Some(m) = &self.metrics {
-            m.recovery(r.cause, r.phases, r.total);
+            m.recovery(&kind, r.phases, r.total);
         }
     }
 

@@ -89,6 +89,8 @@ pub struct StateRecord {
     pub nproc: u32,
     pub restart_count: u32,
     pub restarts_left: u32,
+    /// Workers of the running group kept in place from the one before (0: every one started).
+    pub kept: u32,
 }
 
 /// What an input says by itself, counted when it arrives.

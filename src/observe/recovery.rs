@@ -15,6 +15,8 @@ pub struct Recovery {
     /// detect, stop, rendezvous, spawn (see `metrics::PHASES`).
     pub phases: [Duration; 4],
     pub total: Duration,
+    /// Workers kept in place (0: every worker started again).
+    pub kept: u32,
 }
 
 #[derive(Debug, Default)]
@@ -35,7 +37,8 @@ fn phase_of(state: PhaseKind) -> Option<usize> {
 impl Tracker {
     /// The agent went `from` → `to` at `now` after `spent` in `from`; `input_at` is when the input that
     /// caused it reached the agent, `cause` the stop's cause when `to` is stopping. Returns the recovery
-    /// this transition finished.
+    /// this transition finished; `kept`, the workers the group now running kept in place.
+    #[allow(clippy::too_many_arguments)]
     pub fn transition(
         &mut self,
         from: PhaseKind,
@@ -44,6 +47,7 @@ impl Tracker {
         now: Instant,
         input_at: Instant,
         cause: Option<StopKind>,
+        kept: u32,
     ) -> Option<Recovery> {
         if from == PhaseKind::Running && to == PhaseKind::Stopping {
             let mut phases = [Duration::ZERO; 4];
@@ -57,7 +61,7 @@ impl Tracker {
             None => return None,
         }
         if to == PhaseKind::Running {
-            return Some(Recovery { cause, phases, total: now.saturating_duration_since(started) });
+            return Some(Recovery { cause, phases, total: now.saturating_duration_since(started), kept });
         }
         if phase_of(to).is_some() {
             self.open = Some((started, cause, phases));
@@ -84,7 +88,7 @@ mod tests {
             if from != PhaseKind::Running {
                 now += spent;
             }
-            done.extend(t.transition(from, to, spent, now, input_at, Some(StopKind::WorkerFailure)));
+            done.extend(t.transition(from, to, spent, now, input_at, Some(StopKind::WorkerFailure), 0));
         }
         done
     }

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use common::cluster::*;
+use common::gpus::FakeNode;
 use common::*;
 
 /// `rank -> pid` of the calls of the training function in `round` order: the first call of each rank and
@@ -18,7 +19,8 @@ fn calls(dir: &Path) -> Vec<(u32, i32, u64)> {
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?, f.get(2)?.parse().ok()?))
+            // The round is `-` under torchrun.
+            Some((f.first()?.parse().ok()?, f.get(1)?.parse().ok()?, f.get(2)?.parse().unwrap_or(0)))
         })
         .collect()
 }
@@ -28,35 +30,48 @@ fn finals(dir: &Path, world: u32) -> Vec<String> {
     (0..world).map(|r| std::fs::read_to_string(dir.join(format!("final-{r}"))).unwrap_or_default()).collect()
 }
 
-/// Two agents of two workers each running the fixture (`steps`, holding at step `hold`).
-fn two_nodes(dir: &Path, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
-    job(dir, "2", steps, hold, run_id)
+/// A job of the fixture (`steps`, holding at the steps `holds`): its nodes' arguments and environment.
+struct Job<'a> {
+    dir: &'a Path,
+    nnodes: &'a str,
+    holds: &'a str,
+    run_id: String,
+    extra: Vec<String>,
 }
 
-/// As [`two_nodes`], in a job of one or two nodes (`--nnodes 1:2`).
-fn elastic(dir: &Path, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
-    job(dir, "1:2", steps, hold, run_id)
-}
+impl Job<'_> {
+    fn new<'a>(dir: &'a Path, nnodes: &'a str, holds: &'a str, name: &str) -> Job<'a> {
+        Job { dir, nnodes, holds, run_id: format!("{name}{}", std::process::id()), extra: vec!["--max-restarts=3".into()] }
+    }
 
-fn job(dir: &Path, nnodes: &str, steps: u32, hold: &str, run_id: &str) -> (Agent, Agent) {
-    let args = |node: &str, endpoint: &str| {
+    /// Agent `node` (`a` hosts the store; the others reach it at `endpoint`), with `envs`.
+    fn agent(&self, node: &str, endpoint: &str, envs: &[(&str, String)]) -> Agent {
         let host = if node == "a" { "is_host=1," } else { "" };
-        AgentArgs::c10d(nnodes, endpoint)
+        let args = AgentArgs::c10d(self.nnodes, endpoint)
             .nproc(2)
             // Both nodes in the first round (MAX seals it at once); a shrink waits for no last call.
             .conf(format!("{host}last_call_timeout=30"))
-            .run_id(run_id)
-            .opt("--max-restarts=2")
+            .run_id(&self.run_id)
+            .opts(&self.extra)
             .script(fixture("inplace_train.py"))
-            .arg(dir)
-            .arg(steps.to_string())
-            .arg(hold)
-            .build()
-    };
-    let a = Agent::start("a", &args("a", "127.0.0.1:0"));
-    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
-    let b = Agent::start("b", &args("b", &endpoint));
-    (a, b)
+            .arg(self.dir)
+            .arg(STEPS.to_string())
+            .arg(self.holds)
+            .build();
+        Agent::start_with_env(node, &args, envs)
+    }
+
+    /// Agents a and b.
+    fn start(&self) -> (Agent, Agent) {
+        let a = self.agent("a", "127.0.0.1:0", &[]);
+        let b = self.agent("b", &format!("127.0.0.1:{}", a.hosted_port()), &[]);
+        (a, b)
+    }
+}
+
+/// Two agents of two workers each running the fixture (`steps`, holding at `holds`).
+fn two_nodes(dir: &Path, holds: &str, name: &str) -> (Agent, Agent) {
+    Job::new(dir, "2", holds, name).start()
 }
 
 const STEPS: u32 = 40;
@@ -66,14 +81,14 @@ const STEPS: u32 = 40;
 #[test]
 fn a_dead_worker_starts_again_and_the_others_keep_their_processes() {
     let reference = tempfile::tempdir().expect("tempdir");
-    let (mut a, mut b) = two_nodes(reference.path(), STEPS, "-1", &format!("ref{}", std::process::id()));
+    let (mut a, mut b) = two_nodes(reference.path(), "-1", "ref");
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
     let want = finals(reference.path(), 4);
     assert!(want.iter().all(|w| !w.is_empty() && *w == want[0]), "the fault-free run's ranks agree: {want:?}");
 
     let dir = tempfile::tempdir().expect("tempdir");
-    let (mut a, mut b) = two_nodes(dir.path(), STEPS, "20", &format!("kill{}", std::process::id()));
+    let (mut a, mut b) = two_nodes(dir.path(), "20", "kill");
     assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
     let first: BTreeMap<u32, i32> = calls(dir.path()).into_iter().map(|(rank, pid, _)| (rank, pid)).collect();
     assert_eq!(first.len(), 4, "{first:?}");
@@ -123,8 +138,8 @@ fn go(dir: &Path, step: u32) {
 #[test]
 fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let run_id = format!("lost{}", std::process::id());
-    let (mut a, mut b) = elastic(dir.path(), STEPS, "20,30", &run_id);
+    let job = Job::new(dir.path(), "1:2", "20,30", "lost");
+    let (mut a, mut b) = job.start();
     assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
     let first = calls(dir.path());
     let a_pids: Vec<i32> = first.iter().filter(|(rank, _, _)| *rank < 2).map(|(_, pid, _)| *pid).collect();
@@ -136,18 +151,7 @@ fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
     assert_eq!(shrunk.len(), 2, "a's two workers ran the training function again: {all:?}\n{}", a.log());
     assert!(shrunk.iter().all(|(rank, pid)| *rank < 2 && a_pids.contains(pid)), "a's workers kept their processes: {all:?}");
 
-    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
-    let c_args = AgentArgs::c10d("1:2", &endpoint)
-        .nproc(2)
-        .conf("last_call_timeout=30")
-        .run_id(&run_id)
-        .opt("--max-restarts=2")
-        .script(fixture("inplace_train.py"))
-        .arg(dir.path())
-        .arg(STEPS.to_string())
-        .arg("20,30")
-        .build();
-    let mut c = Agent::start("c", &c_args);
+    let mut c = job.agent("c", &format!("127.0.0.1:{}", a.hosted_port()), &[]);
     assert!(eventually(LONG, || calls(dir.path()).len() == 10), "a world of 4 again: {:?}\n{}\n---\n{}", calls(dir.path()), a.log(), c.log());
     let grown: Vec<(u32, i32)> = calls(dir.path()).iter().skip(6).map(|(rank, pid, _)| (*rank, *pid)).collect();
     for (rank, pid) in &grown {
@@ -158,4 +162,86 @@ fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
     assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());
     let got = finals(dir.path(), 4);
     assert!(!got[0].is_empty() && got.iter().all(|w| *w == got[0]), "every rank ends with the same weights: {got:?}");
+}
+
+/// The same script under torchrun, and under muster with `--in-place off`: `run` calls the training
+/// function once per process; with `--in-place off` a dead worker restarts every worker, as torchrun does.
+#[test]
+fn without_in_place_the_script_runs_as_under_torchrun() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Under torchrun the API comes from its own folder (installed with `pip install src/inplace/python`).
+    let api = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/inplace/python");
+    let out = torchrun()
+        .env("PYTHONPATH", api)
+        .args(["--standalone", "--nproc-per-node=2"])
+        .arg(fixture("inplace_train.py"))
+        .arg(dir.path())
+        .args([STEPS.to_string(), "-1".into()])
+        .output()
+        .expect("torchrun");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(calls(dir.path()).len(), 2, "one call per rank: {:?}", calls(dir.path()));
+    let got = finals(dir.path(), 2);
+    assert!(!got[0].is_empty() && got[0] == got[1], "{got:?}");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut job = Job::new(dir.path(), "2", "20", "off");
+    job.extra.push("--in-place=off".into());
+    let (mut a, mut b) = job.start();
+    assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
+    let first: BTreeMap<u32, i32> = calls(dir.path()).into_iter().map(|(rank, pid, _)| (rank, pid)).collect();
+    // SAFETY: a worker of this test's own job.
+    unsafe { libc::kill(first[&1], libc::SIGKILL) };
+    go(dir.path(), 20);
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+    let again: BTreeMap<u32, i32> = calls(dir.path()).into_iter().skip(4).map(|(rank, pid, _)| (rank, pid)).collect();
+    assert_eq!(again.len(), 4, "{:?}", calls(dir.path()));
+    assert!(again.iter().all(|(rank, pid)| first[rank] != *pid), "every worker started again: {first:?} {again:?}");
+}
+
+/// A worker stuck where it cannot re-form (rank 2 asleep outside any collective) when rank 1 dies: it is
+/// killed after `--in-place-timeout` and starts again cold; the others stay in place and the job ends.
+#[test]
+fn a_worker_that_does_not_reform_is_started_cold_after_the_bound() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut job = Job::new(dir.path(), "2", "20", "stuck");
+    job.extra.push("--in-place-timeout=5".into());
+    let stuck = [("INPLACE_STUCK", "2:20".to_string())];
+    let a = job.agent("a", "127.0.0.1:0", &stuck);
+    let b = job.agent("b", &format!("127.0.0.1:{}", a.hosted_port()), &stuck);
+    let (mut a, mut b) = (a, b);
+    assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
+    let first: BTreeMap<u32, i32> = calls(dir.path()).into_iter().map(|(rank, pid, _)| (rank, pid)).collect();
+    // SAFETY: a worker of this test's own job.
+    unsafe { libc::kill(first[&1], libc::SIGKILL) };
+    go(dir.path(), 20);
+    assert_eq!(a.exit_code(LONG), Some(0), "{}\n---\n{}", a.log(), b.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+    let logs = format!("{}\n---\n{}", a.log(), b.log());
+    assert!(logs.contains(&format!("worker process(es) {} did not re-form in place", first[&2])), "{logs}");
+    let last: BTreeMap<u32, i32> = calls(dir.path()).into_iter().map(|(rank, pid, _)| (rank, pid)).collect();
+    assert!(last[&0] == first[&0] && last[&3] == first[&3], "ranks 0 and 3 stayed in place: {first:?} {last:?}");
+    assert!(last[&1] != first[&1] && last[&2] != first[&2], "ranks 1 and 2 started again: {first:?} {last:?}");
+    let got = finals(dir.path(), 4);
+    assert!(!got[0].is_empty() && got.iter().all(|w| *w == got[0]), "{got:?}");
+}
+
+/// XID 79 on one of node b's (fake) GPUs: b drains (exit 75) and a's workers keep their processes.
+#[test]
+fn a_node_drained_by_xid_79_leaves_the_others_in_place() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (a_gpus, b_gpus) = (FakeNode::new(dir.path(), "a", 2, &[]), FakeNode::new(dir.path(), "b", 2, &[]));
+    let job = Job::new(dir.path(), "1:2", "20", "xid");
+    let mut a = job.agent("a", "127.0.0.1:0", &a_gpus.env());
+    let mut b = job.agent("b", &format!("127.0.0.1:{}", a.hosted_port()), &b_gpus.env());
+    assert!(eventually(LONG, || all_at(dir.path(), 0..4, 20)), "every rank reached step 20\n{}\n---\n{}", a.log(), b.log());
+    let first = calls(dir.path());
+    b_gpus.inject(1, "xid 1 79");
+    assert_eq!(b.exit_code(LONG), Some(75), "{}", b.log());
+    go(dir.path(), 20);
+    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    let a_pids: Vec<i32> = first.iter().filter(|(rank, _, _)| *rank < 2).map(|(_, pid, _)| *pid).collect();
+    let again: Vec<(u32, i32)> = calls(dir.path()).iter().skip(4).map(|(rank, pid, _)| (*rank, *pid)).collect();
+    assert!(again.len() == 2 && again.iter().all(|(_, pid)| a_pids.contains(pid)), "a's workers stayed in place: {first:?} {again:?}\n{}", a.log());
 }

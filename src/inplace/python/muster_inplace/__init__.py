@@ -22,7 +22,15 @@ every rank to the same state and calls the function again. Anywhere else (torchr
 calls the function once and `commit` does nothing.
 """
 
-from ._run import run
-from ._state import State
+import os as _os
+
+from ._channel import SOCKET_VAR as _SOCKET_VAR
+
+if _os.environ.get(_SOCKET_VAR) and _os.environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING") in (None, "1"):
+    # NCCL's watchdog then aborts a failed communicator instead of the process, which re-forms in place.
+    _os.environ["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "2"
+
+from ._run import run  # noqa: E402
+from ._state import State  # noqa: E402
 
 __all__ = ["State", "run"]

@@ -85,6 +85,10 @@ class Channel:
         with self._cond:
             return self._pending is not None
 
+    def taken(self, round: int) -> None:
+        """The main thread took up the re-formation of `round` (the agent waits longer for one that did)."""
+        self._send({"taken": {"round": round}})
+
     def reformed(self, round: int, step: int) -> None:
         self._send({"reformed": {"round": round, "commit": step}})
 
