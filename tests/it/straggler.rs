@@ -15,14 +15,9 @@ use std::time::Duration;
 
 /// The straggler window of these tests (at least two heartbeats: `keep_alive_interval=1`).
 const WINDOW: &str = "--straggler-window=3";
-/// The DDP and FSDP2 jobs' window, and its length.
+/// The DDP and FSDP2 jobs' window, and its length in milliseconds.
 const DDP_WINDOW: &str = "--straggler-window=5";
-const DDP_WINDOW_S: u64 = 5;
-
-/// The window ids are `unix time / window`, the same on every agent.
-fn unix_secs() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
+const DDP_WINDOW_MS: u64 = 5000;
 
 struct Job {
     dir: tempfile::TempDir,
@@ -168,7 +163,8 @@ fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
     let (mut a, mut b) = job.start_script(&[], "ddp_worker.py", &script_args);
     let world = wait_world(job.dir.path(), 4, 4);
     // The pulses start now, some way into a window: the first window they fill is the next.
-    let pulsed_from = unix_secs() / DDP_WINDOW_S + 1;
+    // Window ids as the agents cut them: unix milliseconds / the window's.
+    let pulsed_from = muster::rendezvous::unix_ms().expect("a clock after 1970") / DDP_WINDOW_MS + 1;
     let pulses = matches!(slowdown, Slowdown::Pulsed).then(|| {
         let pid = world.iter().find(|s| s.rank == 2).expect("rank 2").pid;
         Pulser::start(pid, Duration::from_millis(250), Duration::from_millis(50))
