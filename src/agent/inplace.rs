@@ -21,6 +21,8 @@ pub(super) struct InPlace {
     timeout: Duration,
     /// The kept workers handed a round and not yet confirmed.
     confirm: Option<Confirm>,
+    /// The job's mark that its workers re-form in place, written once a worker says hello.
+    marking: tokio::task::JoinSet<()>,
 }
 
 #[derive(Clone)]
@@ -47,7 +49,42 @@ impl InPlace {
             (Some(_), None) => Some(Channel::open()?),
             (None, _) => None,
         };
-        Ok(InPlace { channel, api, timeout, confirm: None })
+        Ok(InPlace { channel, api, timeout, confirm: None, marking: tokio::task::JoinSet::new() })
+    }
+
+    /// Once one of this node's workers says hello, marks the job as one whose workers re-form in place
+    /// (`mark`, bounded): a joiner then starts its workers before it asks to join (`super::prestart`).
+    pub(super) fn mark_when_used<F>(&mut self, mark: F, bound: Duration)
+    where
+        F: std::future::Future<Output = Result<(), crate::rendezvous::RdzvError>> + Send + 'static,
+    {
+        let Some(channel) = &self.channel else { return };
+        let hello = channel.first_hello();
+        self.marking.spawn(async move {
+            hello.await;
+            match tokio::time::timeout(bound, mark).await {
+                Ok(Ok(())) => tracing::debug!("the job is marked as re-forming in place"),
+                Ok(Err(e)) => tracing::info!("cannot mark the job as re-forming in place ({e}); a joiner's workers start after its join"),
+                Err(_) => tracing::info!("cannot mark the job as re-forming in place within {bound:?}; a joiner's workers start after its join"),
+            }
+        });
+    }
+
+    /// `--in-place-timeout`.
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// What a worker started before its node joined gets on top of `env`.
+    pub(super) fn joining_env(&self) -> Vec<(String, String)> {
+        vec![(crate::inplace::JOINING_VAR.to_string(), "1".to_string())]
+    }
+
+    /// Waits until each of `workers` (local rank, pid) said hello, or `deadline`.
+    pub(super) async fn hellos(&self, workers: &[(u32, i32)], deadline: Instant) {
+        if let Some(channel) = &self.channel {
+            channel.hellos(workers, deadline).await;
+        }
     }
 
     /// Whether workers can be kept.

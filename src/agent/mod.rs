@@ -21,6 +21,7 @@ mod inplace;
 mod links;
 mod ops;
 mod peer;
+mod prestart;
 mod setup;
 mod signal;
 mod start;

@@ -110,11 +110,12 @@ impl Work {
     /// Joins the next round and learns the workers' store: group rank 0 prepares and publishes it, the
     /// others wait for it (or for a membership change that means it will never come).
     async fn join(&mut self, nproc: u32, restart_count: u32, excluded: BTreeSet<u32>) -> Input {
-        if let Err(e) = self.health_gate(nproc, excluded).await {
+        if let Err(e) = self.health_gate(nproc, excluded.clone()).await {
             return Input::Failed(e);
         }
         self.rendezvous.set_nproc(nproc);
         self.rendezvous.set_restarts(restart_count);
+        self.prestart(nproc, excluded, restart_count).await;
         let round = match self.rendezvous.next_round().await {
             Ok(round) => round,
             Err(e) => return Input::Failed(e.into()),

@@ -72,7 +72,8 @@ impl Agent {
             .map_err(|e| fail(AgentError::Internal(format!("GPU inventory task: {e}"))))?;
         let watcher = gpus.as_ref().map(|g| Watcher::start(g.nvml, &g.all, &cfg.gpu_policy));
         let gpu_job = gpu_job && gpus.is_some();
-        let in_place = super::inplace::InPlace::open(&cfg).map_err(fail)?;
+        let mut in_place = super::inplace::InPlace::open(&cfg).map_err(fail)?;
+        in_place.mark_when_used(rendezvous.in_place_mark(), rendezvous.timing().request_bound);
         let job = Job {
             run_id: cfg.run_id.clone(),
             nproc_per_node: cfg.nproc_per_node,

@@ -15,12 +15,23 @@ use crate::gpu::placement::PlacementError;
 use crate::gpu::topology::Plan;
 use crate::gpu::xid::FaultKind;
 use crate::gpu::GpuInfo;
+use crate::rendezvous::RoundInfo;
 use crate::supervisor::logs::AttemptLogs;
 use crate::supervisor::{GroupSpec, Placement, WorkerGroup};
 
 /// How long NVML may take to answer the placement's queries. A lost GPU whose calls stall is reported by
 /// the watcher meanwhile (and drains the node); this bound only keeps a start from hanging for ever.
 const PLACEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A start up to its spawn: the placement, the GPUs it uses, the workers' variables beyond the contract
+/// and the attempt's logs.
+pub(super) struct Prepared {
+    pub(super) plan: Option<Plan>,
+    pub(super) used: Option<BTreeSet<u32>>,
+    pub(super) extra_env: Vec<(String, String)>,
+    pub(super) placements: Vec<Placement>,
+    pub(super) attempt: AttemptLogs,
+}
 
 /// Why the workers cannot be placed.
 #[derive(Debug)]
@@ -130,42 +141,38 @@ impl Work {
         });
     }
 
-    /// Places, checks and spawns the group for the joined round.
-    pub(super) async fn start(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Input {
+    /// Places and checks the workers and opens the attempt's logs: what a start needs before its spawn.
+    pub(super) async fn prepare(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Result<Prepared, Input> {
         // Overlaps the kernel's first-move cost with the placement below.
         self.guard.prime_cgroup();
         let plan = match place(&self.cfg, nproc, excluded, self.gpu_job).await {
             Ok(plan) => plan,
-            Err(PlaceError::Lost(index)) => return Input::StartLost(self.lost_fault(index)),
-            Err(PlaceError::Other(e)) => return Input::Failed(AgentError::Gpu(e)),
+            Err(PlaceError::Lost(index)) => return Err(Input::StartLost(self.lost_fault(index))),
+            Err(PlaceError::Other(e)) => return Err(Input::Failed(AgentError::Gpu(e))),
         };
         let used: Option<BTreeSet<u32>> = plan.as_ref().map(|p| p.ranks.iter().map(|r| r.gpu_index).collect());
         if let (Some(g), Some(used)) = (&self.gpus, &used) {
             let in_use: Vec<GpuInfo> = g.all.iter().filter(|gpu| used.contains(&gpu.index)).cloned().collect();
             match health::check_before_spawn(g.nvml, &in_use, self.cfg.gpu_wait_timeout).await {
                 Ok(()) => {}
-                Err(health::SpawnCheckError::GpuLost(lost)) => return Input::StartLost(self.lost_fault(lost.index)),
-                Err(e) => return Input::Failed(AgentError::Gpu(e.to_string())),
+                Err(health::SpawnCheckError::GpuLost(lost)) => return Err(Input::StartLost(self.lost_fault(lost.index))),
+                Err(e) => return Err(Input::Failed(AgentError::Gpu(e.to_string()))),
             }
         }
-        let Some((round, master_addr, master_port)) = self.round.clone() else {
-            return Input::Failed(AgentError::Internal("starting without a round".into()));
-        };
         let (mut extra_env, placements) = apply_plan(&self.cfg, plan.as_ref());
         extra_env.extend(self.in_place.env());
-        let attempt = match self.logs.attempt(restart_count, nproc) {
-            Ok(a) => a,
-            Err(e) => return Input::Failed(e.into()),
-        };
-        let attempt = match self.progress_hooks(attempt, nproc, restart_count) {
-            Ok(a) => a,
-            Err(e) => return Input::Failed(e),
-        };
+        let attempt = self.logs.attempt(restart_count, nproc).map_err(|e| Input::Failed(e.into()))?;
+        let attempt = self.progress_hooks(attempt, nproc, restart_count).map_err(Input::Failed)?;
         if self.hang.is_some() && self.gpus.is_some() {
             extra_env.extend(flight_recorder_env(attempt.dir(), &|k| std::env::var_os(k).is_some()));
         }
+        Ok(Prepared { plan, used, extra_env, placements, attempt })
+    }
+
+    /// The group's specification for `round`, its workers' store at `master`.
+    pub(super) fn spec(&self, p: &Prepared, nproc: u32, round: &RoundInfo, master: (String, u16), restart_count: u32) -> GroupSpec {
         let cfg = &self.cfg;
-        let spec = GroupSpec {
+        GroupSpec {
             role: cfg.role.clone(),
             local_world_size: nproc,
             group_rank: round.group_rank,
@@ -174,8 +181,8 @@ impl Work {
             world_size: round.world_size,
             base_role_rank: round.base_global_rank,
             role_world_size: round.world_size,
-            master_addr,
-            master_port,
+            master_addr: master.0,
+            master_port: master.1,
             restart_count,
             max_restarts: cfg.max_restarts,
             run_id: cfg.run_id.clone(),
@@ -183,9 +190,23 @@ impl Work {
             use_agent_store: true,
             virtual_local_rank: cfg.virtual_local_rank,
             signals_to_handle: cfg.signals_text.clone(),
-            extra_env,
-            placements,
+            extra_env: p.extra_env.clone(),
+            placements: p.placements.clone(),
+        }
+    }
+
+    /// Places, checks and spawns the group for the joined round.
+    pub(super) async fn start(&mut self, nproc: u32, excluded: BTreeSet<u32>, restart_count: u32) -> Input {
+        let Some((round, master_addr, master_port)) = self.round.clone() else {
+            return Input::Failed(AgentError::Internal("starting without a round".into()));
         };
+        let prepared = match self.prepare(nproc, excluded, restart_count).await {
+            Ok(p) => p,
+            Err(input) => return input,
+        };
+        let spec = self.spec(&prepared, nproc, &round, (master_addr, master_port), restart_count);
+        let Prepared { plan, used, attempt, .. } = prepared;
+        let cfg = &self.cfg;
         tracing::debug!(round = round.round, group_rank = spec.group_rank, world_size = spec.world_size, "starting");
         let started = match self.group.take() {
             // Workers kept in place: the missing ranks start, the kept ones are handed the round.

@@ -23,6 +23,8 @@ use tokio::time::Instant;
 pub const SOCKET_VAR: &str = "MUSTER_INPLACE_SOCKET";
 /// The variable bounding how long a worker waits for its assignment after a collective failed.
 pub const TIMEOUT_VAR: &str = "MUSTER_INPLACE_TIMEOUT";
+/// Set (to `1`) for a worker started before its node joined: `run` waits for its ranks before anything else.
+pub const JOINING_VAR: &str = "MUSTER_INPLACE_JOINING";
 /// The Python API, embedded so that every worker can import it however muster was installed.
 pub const PYTHON: &[(&str, &str)] = &[
     ("__init__.py", include_str!("python/muster_inplace/__init__.py")),
@@ -55,7 +57,7 @@ struct Conn {
 #[derive(Default)]
 struct Shared {
     conns: Mutex<HashMap<i32, Conn>>,
-    /// A worker re-formed or went away.
+    /// A worker said hello, re-formed or went away.
     changed: Notify,
 }
 
@@ -133,6 +135,38 @@ impl Channel {
     pub fn keepable(&self, workers: &[(u32, i32)]) -> std::collections::HashSet<i32> {
         let conns = self.shared.lock();
         workers.iter().filter(|(rank, pid)| conns.get(pid).is_some_and(|c| c.local_rank == *rank)).map(|(_, pid)| *pid).collect()
+    }
+
+    /// Resolves once any worker has said hello; a future of its own (for a task that outlives a borrow).
+    pub fn first_hello(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let shared = self.shared.clone();
+        async move {
+            loop {
+                let changed = shared.changed.notified();
+                tokio::pin!(changed);
+                changed.as_mut().enable();
+                if !shared.lock().is_empty() {
+                    return;
+                }
+                changed.await;
+            }
+        }
+    }
+
+    /// Waits until each of `workers` (local rank, pid) can be kept (`keepable`), or `deadline`.
+    pub async fn hellos(&self, workers: &[(u32, i32)], deadline: Instant) {
+        loop {
+            let changed = self.shared.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if self.keepable(workers).len() == workers.len() || Instant::now() >= deadline {
+                return;
+            }
+            tokio::select! {
+                () = changed => {}
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+        }
     }
 
     /// Hands `reform` to worker `pid`; false when it is not connected.
@@ -224,6 +258,7 @@ async fn serve(stream: UnixStream, pid: i32, shared: Arc<Shared>) {
         match wire::decode(&line) {
             Ok(wire::FromWorker::Hello { local_rank, .. }) => {
                 shared.lock().insert(pid, Conn { local_rank, tx: tx.clone(), taken: None, reformed: None });
+                shared.changed.notify_waiters();
             }
             Ok(wire::FromWorker::Taken { round }) => {
                 if let Some(c) = shared.lock().get_mut(&pid) {

@@ -66,6 +66,8 @@ use wire::parse_round;
 /// Every rendezvous key lives under `muster/<run id>/`; the store keeps them for the job's agents.
 pub const KEY_PREFIX: &str = "muster/";
 
+/// The job's key that says its workers re-form in place.
+const IN_PLACE_KEY: &str = "in-place";
 /// How long the node hosting the store waits at the end for the others to be done with it.
 const LEAVE_WAIT: Duration = Duration::from_secs(10);
 
@@ -403,6 +405,19 @@ impl<S: Store> Rendezvous<S> {
                 Ok(()) => return Ok(()),
             }
         }
+    }
+
+    /// A write marking the job as one whose workers re-form in place (`crate::inplace`), as a future of its
+    /// own: an agent makes it once one of its workers says so. A joiner that reads it (`job_in_place`)
+    /// starts its workers before it asks to join. One write per agent and job.
+    pub fn in_place_mark(&self) -> impl std::future::Future<Output = Result<(), RdzvError>> + Send + 'static {
+        let (store, key) = (self.store.clone(), self.key(IN_PLACE_KEY));
+        async move { Ok(store.set(&key, b"1").await?) }
+    }
+
+    /// Whether the job's workers re-form in place (see `in_place_mark`).
+    pub async fn job_in_place(&self) -> Result<bool, RdzvError> {
+        Ok(self.store.get(&self.key(IN_PLACE_KEY)).await?.is_some())
     }
 
     /// Waits (bounded) until every member of the round has finished. The member that completes the barrier

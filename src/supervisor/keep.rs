@@ -75,6 +75,13 @@ impl WorkerGroup {
         Ok(kept)
     }
 
+    /// Cancel-safe: waits for the next worker's exit and records it (a worker started before its node
+    /// joined, gone before it reached the API).
+    pub async fn next_exit(&mut self) {
+        let exit = self.exits.recv().await;
+        self.record(exit);
+    }
+
     /// Kills the running workers among `pids` (kept in place, they did not re-form in time); their deaths
     /// come through `watch` as any worker's.
     pub fn kill(&self, pids: &[i32]) {

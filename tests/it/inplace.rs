@@ -133,8 +133,9 @@ fn go(dir: &Path, step: u32) {
 }
 
 /// `--nnodes 1:2`: node b's agent is SIGKILLed (its workers die with it): a's two workers keep their
-/// processes and train on in a world of 2. Then a new node c joins: a world of 4 again, a's workers still
-/// in their processes, c's ranks given the state, every rank ending with the same weights.
+/// processes and train on in a world of 2. Then a new node c joins: its workers set up while a's train on,
+/// then a world of 4 again, a's workers still in their processes, c's ranks given the state, every rank
+/// ending with the same weights.
 #[test]
 fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -151,12 +152,25 @@ fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
     assert_eq!(shrunk.len(), 2, "a's two workers ran the training function again: {all:?}\n{}", a.log());
     assert!(shrunk.iter().all(|(rank, pid)| *rank < 2 && a_pids.contains(pid)), "a's workers kept their processes: {all:?}");
 
-    let mut c = job.agent("c", &format!("127.0.0.1:{}", a.hosted_port()), &[]);
+    let shrunk_round = all[4].2;
+    // c's workers take seconds to set up (a checkpoint's load, say): a's train on meanwhile.
+    let mut c = job.agent("c", &format!("127.0.0.1:{}", a.hosted_port()), &[("INPLACE_PRELUDE_S", "3".into())]);
     assert!(eventually(LONG, || calls(dir.path()).len() == 10), "a world of 4 again: {:?}\n{}\n---\n{}", calls(dir.path()), a.log(), c.log());
     let grown: Vec<(u32, i32)> = calls(dir.path()).iter().skip(6).map(|(rank, pid, _)| (*rank, *pid)).collect();
     for (rank, pid) in &grown {
         assert_eq!(*rank < 2, a_pids.contains(pid), "a's workers kept ranks 0 and 1, c's are new: {grown:?}");
     }
+    // Not paused for the joiner's start: a's ranks were still at work in world 2 after c's workers were set up.
+    let time = |name: String| std::fs::read_to_string(dir.path().join(&name)).ok().and_then(|t| t.parse::<f64>().ok());
+    let ready: Vec<f64> = grown.iter().filter(|(rank, _)| *rank >= 2).filter_map(|(_, pid)| time(format!("ready-{pid}"))).collect();
+    let last_held: Vec<f64> = (0..2).filter_map(|rank| time(format!("held-{rank}-{shrunk_round}"))).collect();
+    assert!(ready.len() == 2 && last_held.len() == 2, "c's set-up times {ready:?}, a's last waits in round {shrunk_round} {last_held:?}");
+    assert!(
+        ready.iter().all(|r| last_held.iter().all(|h| r < h)),
+        "a's ranks stopped for c's start: c's set-up ended at {ready:?}, a's ranks last trained in world 2 at {last_held:?}\n{}\n---\n{}",
+        a.log(),
+        c.log()
+    );
     go(dir.path(), 30);
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());

@@ -16,7 +16,8 @@
 //!   nothing;
 //! - 10% packet loss each way at the store's host for minutes, with the default keep-alive, evicts nobody;
 //! - a real gloo training job whose workers block in all_reduce when a member is cut re-forms within
-//!   membership_grace, spends no restart, and trains on.
+//!   membership_grace, spends no restart, and trains on;
+//! - in place, the survivors' workers keep their processes and re-form within W + I + 1 s + the bound.
 //!
 //! This file holds what every scenario shares (the one-at-a-time lock, the settings, the event logs, the
 //! /proc sampler, the report); `partition/job.rs` starts and reads a job, `partition/cut.rs` the
@@ -33,6 +34,7 @@ mod cut;
 mod etcd;
 mod gate;
 mod harness;
+mod inplace;
 mod job;
 mod loss;
 mod train;

@@ -10,7 +10,7 @@ use crate::common::netns::Net;
 use crate::common::*;
 use super::{max_overlap, now, show, starts, transitions, Checks, Sampler, Seen, Timings, Tr, STORE_PORT};
 
-/// What every agent of a job runs, one worker a node: `script OUTDIR args...` (OUTDIR: the job's directory).
+/// What every agent of a job runs: `script OUTDIR args...` (OUTDIR: the job's directory).
 pub(crate) struct Workload {
     pub(crate) script: PathBuf,
     pub(crate) args: Vec<String>,
@@ -61,6 +61,10 @@ pub(crate) struct Job<'n> {
     pub(crate) rdzv: Rdzv,
     nnodes: String,
     pub(crate) workload: Workload,
+    /// Workers a node (`--nproc-per-node`).
+    pub(crate) nproc: u32,
+    /// More options for every agent.
+    pub(crate) opts: Vec<String>,
     pub(crate) nodes: Vec<Node>,
     /// Other processes of the job (stores, etcd members), killed on drop.
     pub(crate) services: Vec<Guard>,
@@ -79,6 +83,8 @@ impl<'n> Job<'n> {
             rdzv,
             nnodes: nnodes.to_string(),
             workload: Workload::sleeper(),
+            nproc: 1,
+            opts: Vec::new(),
             nodes: Vec::new(),
             services: Vec::new(),
         }
@@ -111,7 +117,7 @@ impl<'n> Job<'n> {
         job
     }
 
-    /// An agent on `host` running the job's workload, one worker a node.
+    /// An agent on `host` running the job's workload, `nproc` workers a node.
     pub(crate) fn start_agent(&mut self, host: usize, extra_conf: &str) {
         let h = self.net.host(host);
         let (backend, endpoint) = match &self.rdzv {
@@ -123,7 +129,7 @@ impl<'n> Job<'n> {
             conf = format!("{conf},{extra_conf}");
         }
         let args = AgentArgs::rdzv(backend, &self.nnodes, endpoint)
-            .nproc(1)
+            .nproc(self.nproc)
             .run_id(&self.token)
             .conf(conf)
             .opt(format!("--local-addr={}", h.addr()))
@@ -131,6 +137,7 @@ impl<'n> Job<'n> {
             .opt(format!("--log-dir={}", self.path().join(format!("logs-h{host}")).display()))
             .opt("--max-restarts=3")
             .opt(format!("--shutdown-timeout={}", self.workload.shutdown_timeout))
+            .opts(&self.opts)
             .script(&self.workload.script)
             .arg(self.path())
             .args(&self.workload.args)

@@ -16,6 +16,8 @@ SOCKET_VAR = "MUSTER_INPLACE_SOCKET"
 # How long a worker whose collective failed waits for its agent's assignment before it fails as before.
 BOUND_VAR = "MUSTER_INPLACE_TIMEOUT"
 DEFAULT_BOUND_S = 30.0
+# Set (to 1) for a worker its agent started before its node joined the job: it waits for its ranks first.
+JOINING_VAR = "MUSTER_INPLACE_JOINING"
 
 
 @dataclass(frozen=True)
@@ -74,8 +76,9 @@ class Channel:
             self._closed = True
             self._cond.notify_all()
 
-    def take(self, timeout: float) -> Optional[Assignment]:
-        """The next assignment, waiting up to `timeout` seconds; None if none came (or the agent is gone)."""
+    def take(self, timeout: Optional[float]) -> Optional[Assignment]:
+        """The next assignment, waiting up to `timeout` seconds (None: until one comes); None if none came
+        (or the agent is gone)."""
         with self._cond:
             self._cond.wait_for(lambda: self._pending is not None or self._closed, timeout)
             got, self._pending = self._pending, None

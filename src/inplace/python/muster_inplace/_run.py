@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from . import _sockets
-from ._channel import Assignment, Channel, connect
+from ._channel import JOINING_VAR, Assignment, Channel, ChannelError, connect
 from ._state import State
 
 R = TypeVar("R")
@@ -35,10 +35,10 @@ class _Group:
             self.backend = self.backend or str(dist.get_backend())
             self.sockets |= _sockets.inodes() - _BEFORE
             return
-        self.backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         self.init()
 
     def init(self) -> None:
+        self.backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
         before = _sockets.inodes()
         self.joining = before
         try:
@@ -119,6 +119,16 @@ def _reform_until_done(state: State, group: _Group, channel: Channel, got: Assig
             got = _next(channel, error)
 
 
+def _join(state: State, group: _Group, channel: Channel) -> None:
+    """A worker started before its node joined the job: the variables it started with are provisional (a
+    world of its node alone), its ranks come with the others' re-formation. Its agent bounds the wait."""
+    _say("started before its node joined the job; waiting for its ranks")
+    got = channel.take(None)
+    if got is None:
+        raise ChannelError("the agent closed the in-place channel before this worker had its ranks")
+    _reform_until_done(state, group, channel, got)
+
+
 def _call(fn: Callable[..., R], backend: Optional[str], state: State, args: Any, kwargs: Any) -> R:
     group = _Group(backend)
     channel = connect(lambda got: group.interrupt(got.evicted))
@@ -126,11 +136,14 @@ def _call(fn: Callable[..., R], backend: Optional[str], state: State, args: Any,
         group.ensure()
         return fn(state, *args, **kwargs)
     state._keep()
-    try:
-        group.ensure()
-        state._sync(reset=False)
-    except Exception as error:
-        _reform_until_done(state, group, channel, _next(channel, error))
+    if os.environ.pop(JOINING_VAR, None) == "1":
+        _join(state, group, channel)
+    else:
+        try:
+            group.ensure()
+            state._sync(reset=False)
+        except Exception as error:
+            _reform_until_done(state, group, channel, _next(channel, error))
     while True:
         try:
             return fn(state, *args, **kwargs)
