@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The packaging checks (called by scripts/test.sh): the wheel built with maturin, installed into a fresh venv
-# and run from there; the .deb installed with dpkg, run and removed; the release binary's libraries; the
+# The packaging checks (called by scripts/test.sh): the wheel built with maturin, installed into a fresh venv,
+# its muster run and its muster_inplace imported from there; the .deb installed with dpkg, run, its
+# muster_inplace imported by the system's python3, and removed; the release binary's libraries; the
 # Kubernetes manifests against their schemas and docs/exit-codes.md. Needs root for dpkg (skipped, with a
 # line, when not root). The release build behind the wheel is the one scripts/test.sh made.
 set -euo pipefail
@@ -55,6 +56,11 @@ echo "$site" > "$("$scratch/venv/bin/python" -c 'import sysconfig; print(sysconf
     export PATH="$scratch/venv/bin:/usr/bin:/bin" VIRTUAL_ENV="$scratch/venv"
     [ "$(command -v muster)" = "$scratch/venv/bin/muster" ] || { echo "muster is not on the venv's PATH" >&2; exit 1; }
     muster --version
+    # The API from the venv's own site-packages (torch, which it imports, through the .pth above).
+    python -c 'import sys, muster_inplace as m
+assert m.__file__.startswith(sys.prefix + "/"), m.__file__
+assert callable(m.run) and isinstance(m.State, type)
+print("import muster_inplace from the wheel: ok,", m.__file__)'
     muster --standalone --nproc-per-node 2 --log-dir "$scratch/logs" examples/train.py --steps 4 >"$scratch/job.log" 2>&1 ||
         { cat "$scratch/job.log" >&2; echo "the job under the wheel's muster failed" >&2; exit 1; }
     echo "standalone job from the wheel's venv: ok"
@@ -71,12 +77,20 @@ else
     dpkg -i "$deb" >/dev/null
     trap 'dpkg -r muster >/dev/null; rm -rf "$scratch"' EXIT
     /usr/bin/muster --version
+    # The system's python3 finds the API where the .deb put it (torch from the torch venv); bytecode written,
+    # as a root import writes it, so that dpkg -r is seen to remove it too.
+    env -u PYTHONDONTWRITEBYTECODE PYTHONPATH="$site" /usr/bin/python3 -c 'import muster_inplace as m
+assert m.__file__ == "/usr/lib/python3/dist-packages/muster_inplace/__init__.py", m.__file__
+assert callable(m.run) and isinstance(m.State, type)
+print("import muster_inplace from the .deb: ok,", m.__file__)'
     (cd "$scratch" && /usr/bin/muster --standalone --nproc-per-node 1 "$root/examples/train.py" --steps 2 \
         >deb-job.log 2>&1) ||
         { cat "$scratch/deb-job.log" >&2; echo "the job under /usr/bin/muster failed" >&2; exit 1; }
     dpkg -r muster >/dev/null
     trap 'rm -rf "$scratch"' EXIT
-    [ ! -e /usr/bin/muster ] || { echo "dpkg -r muster left /usr/bin/muster" >&2; exit 1; }
+    for left in /usr/bin/muster /usr/lib/python3/dist-packages/muster_inplace; do
+        [ ! -e "$left" ] || { echo "dpkg -r muster left $left" >&2; exit 1; }
+    done
     echo "dpkg -i, run, dpkg -r: ok"
 fi
 
