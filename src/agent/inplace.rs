@@ -25,6 +25,14 @@ pub(super) struct InPlace {
     marking: tokio::task::JoinSet<()>,
 }
 
+/// What the wait on the kept workers came to.
+pub(super) enum Due {
+    /// Every kept worker re-formed.
+    Reformed,
+    /// These did not in time: to be killed.
+    Overdue(Vec<i32>),
+}
+
 #[derive(Clone)]
 struct Confirm {
     pids: Vec<i32>,
@@ -120,17 +128,18 @@ impl InPlace {
         self.confirm = (!pids.is_empty()).then_some(Confirm { pids, round, deadline, extended: false });
     }
 
-    /// Cancel-safe: the kept workers that did not confirm in time (to be killed); pending while there is
-    /// nothing left to confirm. At the timeout, a worker that never took its round up is stuck; one that
-    /// did waits on a peer (the stuck one, maybe, which the kill replaces) and gets the timeout once more.
-    pub(super) async fn overdue(&mut self) -> Vec<i32> {
+    /// Cancel-safe: the end of the re-formation (every kept worker confirmed), or the kept workers that did
+    /// not confirm in time (to be killed); pending while there is nothing left to confirm. At the timeout,
+    /// a worker that never took its round up is stuck; one that did waits on a peer (the stuck one, maybe,
+    /// which the kill replaces) and gets the timeout once more.
+    pub(super) async fn overdue(&mut self) -> Due {
         loop {
             let (Some(c), Some(channel)) = (self.confirm.clone(), &self.channel) else { return std::future::pending().await };
             let missing = channel.unconfirmed(&c.pids, c.round, c.deadline).await;
             self.confirm = None;
             if missing.is_empty() {
                 tracing::info!(round = c.round, "{} worker(s) re-formed in place", c.pids.len());
-                continue;
+                return Due::Reformed;
             }
             let (waiting, stuck): (Vec<i32>, Vec<i32>) = missing.iter().partition(|p| channel.taken(**p, c.round));
             let overdue = if c.extended || waiting.is_empty() {
@@ -148,7 +157,7 @@ impl InPlace {
                 "worker process(es) {pids} did not re-form in place within --in-place-timeout ({:?}); stopping them (each starts again cold)",
                 self.timeout
             );
-            return overdue;
+            return Due::Overdue(overdue);
         }
     }
 }

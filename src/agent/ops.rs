@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use nix::sys::signal::Signal;
 
+use super::inplace::Due;
 use super::state::{Grace, Input, Op, StopFor};
 use super::stores::WorkerStore;
 use super::AgentError;
@@ -75,6 +76,8 @@ pub(super) struct Work {
     pub(super) pace: Option<crate::straggler::Monitor>,
     /// Re-forming in place: the API for the workers, the channel with `--in-place on`.
     pub(super) in_place: super::inplace::InPlace,
+    /// Rounds joined with workers kept in place (published for `muster status`).
+    pub(super) in_place_joins: u32,
 }
 
 impl Work {
@@ -116,6 +119,9 @@ impl Work {
         self.rendezvous.set_nproc(nproc);
         self.rendezvous.set_restarts(restart_count);
         self.prestart(nproc, excluded, restart_count).await;
+        // Workers kept (or started ahead) take this round in place.
+        self.in_place_joins += u32::from(self.group.is_some());
+        self.rendezvous.set_in_place(self.in_place_joins);
         let round = match self.rendezvous.next_round().await {
             Ok(round) => round,
             Err(e) => return Input::Failed(e.into()),
@@ -197,9 +203,12 @@ impl Work {
                     found = &mut hang => return Input::Hung(Box::new(found)),
                     line = super::links::LinkWatch::drained(self.links.as_mut()) => Won::Drain(Check::Network.name(), line),
                     line = &mut straggling => Won::Drain("straggler", line),
-                    // Killed, each is a worker's death the group's watch then reports.
-                    pids = overdue => {
-                        group.kill(&pids);
+                    due = overdue => {
+                        match due {
+                            Due::Reformed => self.stacks.mark_reformed(),
+                            // Killed, each is a worker's death the group's watch then reports.
+                            Due::Overdue(pids) => group.kill(&pids),
+                        }
                         continue;
                     }
                 };

@@ -51,11 +51,14 @@ const WATCH_RETRY: Duration = Duration::from_secs(1);
 const SUMMARY_FRAMES: usize = 3;
 
 /// The running workers: whose stacks can be read now (`GET /stacks`) and, with hang detection on, their
-/// progress (the goodput's warm-up). The driver keeps it current.
+/// progress (the goodput's warm-up), or, kept in place, when they re-formed (its `reform`). The driver
+/// keeps it current.
 #[derive(Debug, Default)]
 pub struct Registry {
     targets: Mutex<Vec<Target>>,
     progress: Mutex<Option<Arc<Progress>>>,
+    /// When the workers kept in place confirmed this start's re-formation (ms since the epoch).
+    reformed_ms: Mutex<Option<u64>>,
 }
 
 impl Registry {
@@ -66,6 +69,21 @@ impl Registry {
         if let Ok(mut p) = self.progress.lock() {
             *p = progress;
         }
+        if let Ok(mut r) = self.reformed_ms.lock() {
+            *r = None;
+        }
+    }
+
+    /// The workers kept in place by this start have all re-formed (the goodput's `reform` ends now).
+    pub fn mark_reformed(&self) {
+        if let Ok(mut r) = self.reformed_ms.lock() {
+            *r = crate::rendezvous::unix_ms();
+        }
+    }
+
+    /// When this start's re-formation in place ended; None: not yet (or no workers were kept).
+    pub fn reformed_ms(&self) -> Option<u64> {
+        self.reformed_ms.lock().ok().and_then(|r| *r)
     }
 
     /// The running workers' progress; None: not watched (hang detection off) or no workers.

@@ -9,6 +9,10 @@
 //!   `init_process_group`, a checkpoint load, the first step). Measured where progress is (hang detection
 //!   on: a line matching `--progress-pattern`, a touch of `$MUSTER_PROGRESS_FILE`, a file-timer request);
 //!   without it the warm-up counts as training. Workers that never showed progress spent it all warming up;
+//! - `reform`: a start that kept workers in place, from their hand-over to the moment every one of them said
+//!   it re-formed (the new process group joined, the state received; the workers started beside them
+//!   reaching it included). Such a start's warm-up is its re-formation: it is counted here, not in
+//!   `warmup`. A re-formation that never ended lost the whole run;
 //! - `detect`: from the event that stopped the workers reaching the agent to the stop beginning;
 //! - `stop`: stopping the workers (the grace a checkpoint may use);
 //! - `finish`: the exit barrier and closing, or draining the node;
@@ -22,30 +26,31 @@ use std::time::Duration;
 use super::record::PhaseKind;
 
 /// The lost-time buckets, as `muster_lost_seconds_total{phase}` and the goodput event name them.
-pub const LOST: [&str; 6] = ["rendezvous", "spawn", "warmup", "detect", "stop", "finish"];
+pub const LOST: [&str; 7] = ["rendezvous", "spawn", "warmup", "reform", "detect", "stop", "finish"];
 
 const RENDEZVOUS: usize = 0;
 const SPAWN: usize = 1;
 const WARMUP: usize = 2;
-const DETECT: usize = 3;
-const STOP: usize = 4;
-const FINISH: usize = 5;
+const REFORM: usize = 3;
+const DETECT: usize = 4;
+const STOP: usize = 5;
+const FINISH: usize = 6;
 
 /// The agent's time so far: lost by phase ([`LOST`] order) and training.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Goodput {
-    pub lost: [Duration; 6],
+    pub lost: [Duration; 7],
     pub productive: Duration,
 }
 
 /// What one transition added.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Added {
-    pub lost: [Duration; 6],
+    pub lost: [Duration; 7],
     pub productive: Duration,
 }
 
-/// How the workers' first progress in a run of theirs is known.
+/// How the end of a run's warm-up (its first progress, or its re-formation in place) is known.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Warmup {
     /// No progress source: the whole run counts as training.
@@ -54,6 +59,8 @@ pub enum Warmup {
     Until(Duration),
     /// Progress is watched and none came.
     NoProgress,
+    /// Workers were kept in place: they re-formed this long after the start (None: never).
+    Reformed(Option<Duration>),
 }
 
 impl Goodput {
@@ -68,14 +75,15 @@ impl Goodput {
             PhaseKind::Finishing | PhaseKind::Draining => added.lost[FINISH] = spent,
             PhaseKind::Running => {
                 let detect = detect.min(spent);
-                let warm = match warmup {
-                    Warmup::NotMeasured => Duration::ZERO,
-                    Warmup::Until(d) => d,
-                    Warmup::NoProgress => spent,
-                }
-                .min(spent - detect);
+                let (bucket, warm) = match warmup {
+                    Warmup::NotMeasured => (WARMUP, Duration::ZERO),
+                    Warmup::Until(d) => (WARMUP, d),
+                    Warmup::NoProgress => (WARMUP, spent),
+                    Warmup::Reformed(d) => (REFORM, d.unwrap_or(spent)),
+                };
+                let warm = warm.min(spent - detect);
                 added.lost[DETECT] = detect;
-                added.lost[WARMUP] = warm;
+                added.lost[bucket] = warm;
                 added.productive = spent - detect - warm;
             }
             PhaseKind::Succeeded | PhaseKind::Failed | PhaseKind::Interrupted | PhaseKind::Drained => {}
@@ -176,6 +184,26 @@ mod tests {
             assert_eq!((a.lost[WARMUP], a.lost[DETECT], a.productive), (ms(*warm), ms(*det), ms(*training)), "{detect} {warmup:?}");
         }
         assert_eq!(g.wall(), ms(6000));
+    }
+
+    #[test]
+    fn a_run_that_kept_workers_in_place_loses_its_re_formation() {
+        let mut g = Goodput::default();
+        // (detect, re-formed after) → (reform, detect, training); never any warm-up.
+        type Row = (u64, Option<u64>, (u64, u64, u64));
+        let table: &[Row] = &[
+            (0, Some(400), (400, 0, 600)),
+            (50, Some(400), (400, 50, 550)),
+            // Stopped before the re-formation ended: lost all but the detection.
+            (100, None, (900, 100, 0)),
+            (950, Some(400), (50, 950, 0)),
+        ];
+        for (detect, reformed, (reform, det, training)) in table {
+            let a = g.add(PhaseKind::Running, ms(1000), ms(*detect), Warmup::Reformed(reformed.map(ms)));
+            let got = (a.lost[REFORM], a.lost[DETECT], a.productive, a.lost[WARMUP]);
+            assert_eq!(got, (ms(*reform), ms(*det), ms(*training), Duration::ZERO), "{detect} {reformed:?}");
+        }
+        assert_eq!(g.wall(), ms(4000));
     }
 
     #[test]

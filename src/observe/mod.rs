@@ -105,6 +105,8 @@ pub struct Observer {
     running: Arc<crate::hang::Registry>,
     /// When the workers last started running (ms since the epoch, as progress marks are).
     running_since_ms: Option<u64>,
+    /// The running start kept workers in place: its warm-up is their re-formation.
+    running_in_place: bool,
     created: Instant,
 }
 
@@ -146,6 +148,7 @@ impl Observer {
             goodput: Goodput::default(),
             running: sinks.stacks.clone(),
             running_since_ms: None,
+            running_in_place: false,
             created: sinks.started,
         }
     }
@@ -256,7 +259,7 @@ impl Observer {
         if let Some(r) = self.recovery.transition(from, to, spent, now, input_at.unwrap_or(now), cause, kept) {
             self.recovered(&r);
         }
-        self.account(from, to, spent, now.saturating_duration_since(input_at.unwrap_or(now)));
+        self.account(from, to, spent, now.saturating_duration_since(input_at.unwrap_or(now)), kept > 0);
         let Some(m) = &self.metrics else { return };
         m.state(to_name);
         match (to, state) {
@@ -271,12 +274,17 @@ impl Observer {
     }
 
     /// Adds the time spent in `from` to the goodput; `waited`: how long before now the input that caused
-    /// this transition arrived. Said each time the workers run again, and at the end.
-    fn account(&mut self, from: PhaseKind, to: PhaseKind, spent: Duration, waited: Duration) {
+    /// this transition arrived; `kept`: the state entered has workers kept in place. Said each time the
+    /// workers run again, and at the end.
+    fn account(&mut self, from: PhaseKind, to: PhaseKind, spent: Duration, waited: Duration, kept: bool) {
         let detect = if from == PhaseKind::Running && to == PhaseKind::Stopping { waited } else { Duration::ZERO };
+        let since_ms = |at: u64, since: u64| Duration::from_millis(at.saturating_sub(since));
         let warmup = match (from, self.running.progress(), self.running_since_ms) {
+            (PhaseKind::Running, _, Some(since)) if self.running_in_place => {
+                Warmup::Reformed(self.running.reformed_ms().map(|at| since_ms(at, since)))
+            }
             (PhaseKind::Running, Some(progress), Some(since)) => match progress.first_ms() {
-                Some(first) => Warmup::Until(Duration::from_millis(first.saturating_sub(since))),
+                Some(first) => Warmup::Until(since_ms(first, since)),
                 None => Warmup::NoProgress,
             },
             _ => Warmup::NotMeasured,
@@ -287,6 +295,7 @@ impl Observer {
         }
         if to == PhaseKind::Running {
             self.running_since_ms = crate::rendezvous::unix_ms();
+            self.running_in_place = kept;
         }
         let end = matches!(to, PhaseKind::Succeeded | PhaseKind::Failed | PhaseKind::Interrupted | PhaseKind::Drained);
         if !(to == PhaseKind::Running || end) {

@@ -92,6 +92,7 @@ fn json_records_and_the_round_counter_decode_without_panics_and_re_encode_the_sa
             prev_round: (rng.below(2) == 0).then(|| rng.next()),
             pref_rank: (rng.below(2) == 0).then(|| rng.next() as u32),
             restarts: (rng.below(2) == 0).then(|| rng.next() as u32),
+            in_place: (rng.below(2) == 0).then(|| rng.next() as u32),
         };
         let valid = serde_json::to_vec(&record).unwrap_or_default();
         if let Ok(decoded) = serde_json::from_slice::<Record>(&input(&mut rng, valid)) {

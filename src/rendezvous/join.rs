@@ -206,6 +206,7 @@ impl<S: Store> Rendezvous<S> {
             prev_round: self.prev.map(|(round, _)| round),
             pref_rank: self.settings.node_rank,
             restarts: Some(self.restarts),
+            in_place: Some(self.in_place),
         };
         let bytes = serde_json::to_vec(&record).map_err(|e| RdzvError::State(e.to_string()))?;
         self.store.set(&self.key(&format!("r/{round}/m/{slot}")), &bytes).await?;
@@ -491,7 +492,7 @@ mod tests {
     fn a_node_with_two_slots_counts_once_with_its_latest() {
         let record = |id: &str, slot: i64| {
             let node = NodeInfo { id: id.into(), addr: "h".into(), nproc: 1 };
-            let r = Record { node, slot, prev_rank: None, prev_round: None, pref_rank: None, restarts: None };
+            let r = Record { node, slot, prev_rank: None, prev_round: None, pref_rank: None, restarts: None, in_place: None };
             (format!("r/0/m/{slot}"), serde_json::to_vec(&r).expect("json"))
         };
         // Lexical order, as etcd lists them: 10 before 9.

@@ -193,6 +193,8 @@ pub struct Rendezvous<S: Store> {
     prev: Option<(u64, u32)>,
     /// Restarts this node has spent, written in its record of each round it joins.
     restarts: u32,
+    /// Rounds this node joined with its workers kept in place, written there too.
+    in_place: u32,
     current: Option<RoundInfo>,
     /// Writes `hb/<me>` every `keep_alive_interval` while this node is in a sealed round (aborted on drop).
     heartbeat: Option<tokio::task::JoinHandle<()>>,
@@ -260,6 +262,7 @@ impl<S: Store> Rendezvous<S> {
             prefix,
             prev: None,
             restarts: 0,
+            in_place: 0,
             current: None,
             pending: None,
             batch_until: None,
@@ -356,6 +359,11 @@ impl<S: Store> Rendezvous<S> {
     /// Restarts spent so far, published with the next join (what `muster status` shows).
     pub fn set_restarts(&mut self, restarts: u32) {
         self.restarts = restarts;
+    }
+
+    /// Rounds joined with workers kept in place so far, this join's included (`muster status` too).
+    pub fn set_in_place(&mut self, rounds: u32) {
+        self.in_place = rounds;
     }
 
     /// Whether the job is closed, and why (once known, acknowledged for the store's host).

@@ -7,7 +7,7 @@ use super::*;
 
 fn rec(id: &str, slot: i64, prev: Option<u32>, pref: Option<u32>) -> Record {
     let prev_round = prev.map(|_| 4);
-    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, prev_round, pref_rank: pref, restarts: None }
+    Record { node: NodeInfo { id: id.into(), addr: id.into(), nproc: 2 }, slot, prev_rank: prev, prev_round, pref_rank: pref, restarts: None, in_place: None }
 }
 
 fn settings(max: u32, strict: bool) -> Settings {

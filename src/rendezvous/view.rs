@@ -64,6 +64,8 @@ pub struct NodeView {
     pub nproc: Option<u32>,
     /// Restarts spent when it last joined (None from agents that do not publish it).
     pub restarts: Option<u32>,
+    /// Rounds it had joined with its workers kept in place, when it last joined (None: not published).
+    pub in_place: Option<u32>,
     /// Its liveness key exists (its agent's connection is open and it was not evicted).
     pub alive: bool,
     /// It has a record in the open round (`round`, not sealed yet).
@@ -129,6 +131,7 @@ pub async fn read_view<S: Store>(store: &S, run_id: &str) -> Result<Option<JobVi
         addr: record.map(|r| r.node.addr.clone()),
         nproc: record.map(|r| r.node.nproc),
         restarts: record.and_then(|r| r.restarts),
+        in_place: record.and_then(|r| r.in_place),
         alive: alive.contains(id),
         joining: open_records.contains_key(id),
         waiting: waiting.contains(id),

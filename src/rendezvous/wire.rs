@@ -116,6 +116,10 @@ pub(super) struct Record {
     /// Restarts the node had spent when it joined (for `muster status`); absent from agents before it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) restarts: Option<u32>,
+    /// Rounds the node had joined with its workers kept in place (for `muster status`); absent from agents
+    /// before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) in_place: Option<u32>,
 }
 
 /// The sealed membership, in group-rank order. Every member reads it once per round, so it is a compact

@@ -63,6 +63,8 @@ pub struct Row {
     pub nproc: Option<u32>,
     pub state: NodeState,
     pub restarts: Option<u32>,
+    /// Rounds it joined with its workers kept in place (`--in-place`; None: not published).
+    pub in_place: Option<u32>,
     /// None when the node never beat or beats without a time (an older agent).
     pub heartbeat_age_ms: Option<u64>,
     /// How long ago the node's least recently progressing rank showed progress (hang detection on).
@@ -165,6 +167,7 @@ impl Snapshot {
                 nproc: n.nproc,
                 state,
                 restarts: n.restarts,
+                in_place: n.in_place,
                 heartbeat_age_ms: age,
                 progress_age_ms: n
                     .heartbeat
@@ -224,8 +227,8 @@ impl Snapshot {
         let dash = || "-".to_string();
         let opt = |v: Option<u32>| v.map_or_else(dash, |v| v.to_string());
         let ago = |ms: Option<u64>| ms.map_or_else(dash, |ms| format!("{:.1}s ago", ms as f64 / 1000.0));
-        // The progress column only where hang detection reports progress, the wait column where straggler
-        // detection reports waits.
+        // The in-place column only where a node re-formed in place, the progress column where hang detection
+        // reports progress, the wait column where straggler detection reports waits.
         let shown = [
             true,
             true,
@@ -233,11 +236,12 @@ impl Snapshot {
             true,
             true,
             true,
+            self.nodes.iter().any(|r| r.in_place.is_some_and(|n| n > 0)),
             true,
             self.nodes.iter().any(|r| r.progress_age_ms.is_some()),
             self.nodes.iter().any(|r| r.wait_percent.is_some()),
         ];
-        let head = ["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "HEARTBEAT", "PROGRESS", "WAIT"];
+        let head = ["GROUP_RANK", "NODE", "ADDRESS", "NPROC", "STATE", "RESTARTS", "IN PLACE", "HEARTBEAT", "PROGRESS", "WAIT"];
         let keep = |cells: Vec<String>| cells.into_iter().zip(shown).filter(|(_, s)| *s).map(|(c, _)| c).collect::<Vec<String>>();
         let mut rows = vec![keep(head.iter().map(|h| h.to_string()).collect())];
         rows.extend(self.nodes.iter().map(|r| {
@@ -248,6 +252,7 @@ impl Snapshot {
                 opt(r.nproc),
                 r.state.name().to_string(),
                 opt(r.restarts),
+                opt(r.in_place),
                 ago(r.heartbeat_age_ms),
                 ago(r.progress_age_ms),
                 r.wait_percent.map_or_else(dash, |w| format!("{w}%")),
@@ -288,6 +293,7 @@ mod tests {
             addr: Some("10.0.0.1".into()),
             nproc: Some(2),
             restarts: Some(1),
+            in_place: None,
             alive,
             joining,
             waiting,
@@ -340,6 +346,19 @@ mod tests {
         assert_eq!(lines[3], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  HEARTBEAT  PROGRESS");
         assert_eq!(lines[4], "0           a_1_0  10.0.0.1  2      running  1         1.0s ago   3.0s ago");
         assert_eq!(lines[5], "1           b_2_0  10.0.0.1  2      running  1         1.0s ago   -");
+    }
+
+    #[test]
+    fn the_in_place_column_shows_once_a_node_re_formed_in_place() {
+        let a = NodeView { in_place: Some(0), ..node("a_1_0", true, false, false, Some(9_000)) };
+        let b = NodeView { in_place: Some(3), ..node("b_2_0", true, false, false, Some(9_000)) };
+        let without = Snapshot::from_view(&job(vec![a.clone()], vec![], 2, Some(2)), "h:1", 10_000).table();
+        assert!(!without.contains("IN PLACE"), "{without}");
+        let table = Snapshot::from_view(&job(vec![a, b], vec![], 2, Some(2)), "h:1", 10_000).table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert_eq!(lines[2], "GROUP_RANK  NODE   ADDRESS   NPROC  STATE    RESTARTS  IN PLACE  HEARTBEAT");
+        assert_eq!(lines[3], "0           a_1_0  10.0.0.1  2      running  1         0         1.0s ago");
+        assert_eq!(lines[4], "1           b_2_0  10.0.0.1  2      running  1         3         1.0s ago");
     }
 
     #[test]

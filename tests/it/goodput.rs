@@ -12,7 +12,7 @@ use serde_json::Value;
 use common::cluster::{Agent, AgentArgs, LONG};
 use common::*;
 
-const LOST: [&str; 6] = ["rendezvous", "spawn", "warmup", "detect", "stop", "finish"];
+const LOST: [&str; 7] = ["rendezvous", "spawn", "warmup", "reform", "detect", "stop", "finish"];
 
 fn goodput_events(path: &Path) -> Vec<Value> {
     std::fs::read_to_string(path)

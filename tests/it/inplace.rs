@@ -171,6 +171,16 @@ fn a_lost_node_and_a_joiner_leave_the_survivors_training_in_place() {
         a.log(),
         c.log()
     );
+    // `muster status`: a joined two rounds in place (the shrink, the growth), c one (its workers started ahead).
+    let endpoint = format!("127.0.0.1:{}", a.hosted_port());
+    let out = run(muster().args(["status", "--rdzv-endpoint", &endpoint, "--rdzv-id", &job.run_id, "--format", "json"]), LONG);
+    let status: serde_json::Value = serde_json::from_str(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", out.stdout));
+    let rounds_in_place = |agent: &Agent| {
+        let id = format!("_{}_", agent.guard.0.id());
+        status["nodes"].as_array().and_then(|n| n.iter().find(|r| r["node"].as_str().is_some_and(|s| s.contains(&id))))
+            .and_then(|r| r["in_place"].as_u64())
+    };
+    assert_eq!((rounds_in_place(&a), rounds_in_place(&c)), (Some(2), Some(1)), "{status}");
     go(dir.path(), 30);
     assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     assert_eq!(c.exit_code(LONG), Some(0), "{}", c.log());
