@@ -1,7 +1,8 @@
 """The goodput benchmark's driver (run by scripts/bench/goodput.sh, which documents it).
 
 One job per launcher and seed: two agents of two gloo workers each on loopback (c10d rendezvous, --nnodes
-1:2), examples/train.py with a checkpoint every K steps and a step log, and a seeded schedule of faults, one
+1:2), examples/train_inplace.py with a checkpoint every K steps, a frozen backbone of BACKBONE_MB loaded at
+every start, and a step log, and a seeded schedule of faults, one
 every T seconds: a worker SIGKILLed, the second agent SIGKILLed, or the second agent leaving (SIGTERM); a
 node that went is replaced by a fresh agent R seconds later. The job has STEPS steps; it runs until it
 finishes, until DEADLINE_FACTOR times the time it would take fault-free, or until it is stuck (no fault left
@@ -19,9 +20,11 @@ import subprocess
 import sys
 import time
 
-LAUNCHERS = ("torchrun", "muster", "muster-warm")
+LAUNCHERS = ("torchrun", "muster", "muster-warm", "muster-inplace")
+# What the spares import: torch, and what an optimizer's first construction imports (1.6 s here).
+WARM = "--warm-spares=torch,torch._dynamo"
 FAULTS = ("crash", "kill", "leave")
-PHASES = ("detect", "stop", "rendezvous", "spawn", "warmup", "finish")  # a recovery's order, then the end
+PHASES = ("detect", "stop", "rendezvous", "spawn", "warmup", "reform", "finish")  # a recovery's order, then the end
 
 
 def parse_args():
@@ -29,6 +32,8 @@ def parse_args():
     p.add_argument("--muster", required=True)
     p.add_argument("--torchrun", required=True)
     p.add_argument("--train", required=True)
+    p.add_argument("--api", required=True, help="the folder muster_inplace is imported from under torchrun")
+    p.add_argument("--backbone-mb", type=int, default=300)
     p.add_argument("--work", required=True)
     p.add_argument("--launchers", default=",".join(LAUNCHERS))
     p.add_argument("--seeds", default="1,2,3")
@@ -60,18 +65,22 @@ class Job:
         steps = self.steps()
         common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-id={self.run_id}",
                   "--max-restarts=100"]
-        if self.launcher == "muster-warm":
-            common += ["--warm-spares=torch", "--warm-spares-delay=0"]
+        if self.launcher in ("muster-warm", "muster-inplace"):
+            common += [WARM, "--warm-spares-delay=0"]
         conf = "is_host=1" if host else "is_host=0"
         script = [a.train, f"--steps={steps}", f"--ckpt-every={a.ckpt_every}", f"--step-sleep={a.step_sleep}",
-                  f"--step-log={self.steplog}", f"--ckpt-dir={os.path.join(self.dir, 'ckpt')}"]
+                  f"--step-log={self.steplog}", f"--ckpt-dir={os.path.join(self.dir, 'ckpt')}",
+                  f"--backbone-mb={a.backbone_mb}"]
         if self.launcher == "torchrun":
             return [a.torchrun, *common, f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-conf={conf}", *script]
         endpoint = "127.0.0.1:0" if host else f"127.0.0.1:{self.port}"
-        # The agent's own account of its time (the goodput event); the progress pattern lets it time the
-        # warm-up, and the hang timeout is long enough never to fire here.
-        own = [f"--event-log={os.path.join(self.dir, name + '.events')}", "--hang-timeout=300",
-               r"--progress-pattern=step \d+"]
+        # The agent's own account of its time (the goodput event); cold, the progress pattern lets it time
+        # the warm-up, and the hang timeout is long enough never to fire here (in place runs without it).
+        own = [f"--event-log={os.path.join(self.dir, name + '.events')}"]
+        if self.launcher == "muster-inplace":
+            own.append("--in-place=on")
+        else:
+            own += ["--in-place=off", "--hang-timeout=300", r"--progress-pattern=step \d+"]
         return [a.muster, *common, *own, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
 
     def steps(self):
@@ -83,7 +92,10 @@ class Job:
         if host and self.launcher == "torchrun":
             self.port = free_port()
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
-        self.agents[name] = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT,
+        env = dict(os.environ)
+        if self.launcher == "torchrun":
+            env["PYTHONPATH"] = ":".join(filter(None, [env.get("PYTHONPATH"), self.args.api]))
+        self.agents[name] = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT, env=env,
                                              start_new_session=True)
         if host and self.launcher != "torchrun":
             self.port = wait_for(lambda: hosted_port(os.path.join(self.dir, "a.log")), 60, "the host's store port")

@@ -5,7 +5,12 @@
 # schedule of one fault every T seconds for M minutes: a worker SIGKILLed, the second node's agent SIGKILLed
 # (its workers die with it, as with a host that vanishes), or the second node leaving (SIGTERM); a node that
 # went is replaced by a fresh agent R seconds later. The same seed gives every launcher the same schedule.
-# Launchers: torchrun 2.15, muster, muster --warm-spares torch.
+# The script is examples/train_inplace.py (the in-place API; under torchrun and --in-place off it runs as a
+# plain torchrun script, resuming from its checkpoint), and every start loads a frozen backbone of
+# BACKBONE_MB megabytes (default 300), as a real job's start loads its checkpoint.
+# Launchers: torchrun 2.15, muster (--in-place off), muster-warm (--in-place off, --warm-spares
+# torch,torch._dynamo), muster-inplace (in place, with the same warm spares). Goal: muster-inplace's ETTR at
+# least 95% (T=60 M=10).
 #
 # Reported per launcher (the mean over seeds): ETTR (the furthest step reached x the clean step time / the
 # wall time from launch; steps redone after a checkpoint restore do not count; a job that did not finish is
@@ -15,23 +20,24 @@
 # 120 s once the last fault is behind it is stuck and stopped there, not finished). The per-run figures are
 # JSON lines; the agents' logs and step logs stay in the work directory with KEEP=1.
 #
-# Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 90 minutes)
+# Usage: scripts/bench/goodput.sh                         (T=60 M=10 SEEDS=1,2,3: about 2 hours)
 #        T=30 M=4 SEEDS=1,2,3 scripts/bench/goodput.sh    LAUNCHERS=muster,torchrun T=20 M=2 ...
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 T="${T:-60}"
 M="${M:-10}"
 SEEDS="${SEEDS:-1,2,3}"
-LAUNCHERS="${LAUNCHERS:-torchrun,muster,muster-warm}"
+LAUNCHERS="${LAUNCHERS:-torchrun,muster,muster-warm,muster-inplace}"
+BACKBONE_MB="${BACKBONE_MB:-300}"
 K="${K:-25}"
 R="${R:-5}"
 source scripts/lib.sh
-require_positive_ints T M K R
+require_positive_ints T M K R BACKBONE_MB
 [[ "$SEEDS" =~ ^[0-9]+(,[0-9]+)*$ ]] || { echo "SEEDS: comma-separated integers, got '$SEEDS'" >&2; exit 2; }
 cargo build --release --quiet
 ensure_venv # exports MUSTER_PYTHON and puts the venv (with torchrun) first on PATH
 work="$(mktemp -d)"
 trap 'if [ "${KEEP:-0}" = 1 ]; then echo "logs kept in $work" >&2; else rm -rf "$work"; fi' EXIT
 "$MUSTER_PYTHON" scripts/bench/goodput.py --muster "$PWD/target/release/muster" --torchrun "$(command -v torchrun)" \
-    --train "$PWD/examples/train.py" --work "$work" --launchers "$LAUNCHERS" --seeds "$SEEDS" \
+    --train "$PWD/examples/train_inplace.py" --api "$PWD/src/inplace/python" --backbone-mb "$BACKBONE_MB" --work "$work" --launchers "$LAUNCHERS" --seeds "$SEEDS" \
     --interval "$T" --minutes "$M" --ckpt-every "$K" --replace-after "$R"

@@ -19,6 +19,13 @@
 # `python -c "import torch.distributed"` takes on this machine for scale.
 # Goals: (a) muster at least 10x faster than torchrun; (b) muster under 1 s.
 #
+# Then the training table (scripts/bench/inplace_recovery.py; TRAINING=0 skips it): the same two agents with
+# a worker that trains (an all-reduced step every 20 ms) and whose every start loads a checkpoint of CKPT_MB
+# megabytes (default 300), under torchrun, muster (--in-place off), muster-warm (--in-place off with warm
+# spares) and muster-inplace (in place, with warm spares): the time from a worker's crash, or from the second
+# agent's SIGKILL, to the survivors' first step (median and p95 of RUNS runs). Goals: muster-inplace within
+# 1 s of both (a peer's loss: the group shrinks; a worker's death: its replacement comes from a spare).
+#
 # SCENARIOS picks the scenarios (default "crash agent-kill drain").
 # METRICS=1 runs every muster agent with --metrics-port=0 and scrapes each one's /metrics every 100 ms
 # (curl, for the whole run), to compare recovery with the metrics endpoint on and off. LAUNCHERS picks
@@ -35,10 +42,13 @@ RUNS="${RUNS:-5}"
 DETECT_TIMEOUT="${DETECT_TIMEOUT:-60}"
 WARM_WAIT="${WARM_WAIT:-6}"
 METRICS="${METRICS:-0}"
+TRAINING="${TRAINING:-1}"
+CKPT_MB="${CKPT_MB:-300}"
 read -r -a LAUNCHERS <<<"${LAUNCHERS:-muster muster-warm torchrun}"
 read -r -a SCENARIOS <<<"${SCENARIOS:-crash agent-kill drain}"
 source scripts/lib.sh
-require_positive_ints RUNS DETECT_TIMEOUT WARM_WAIT
+require_positive_ints RUNS DETECT_TIMEOUT WARM_WAIT CKPT_MB
+case "$TRAINING" in 0 | 1) ;; *) echo "TRAINING must be 0 (skip the training table) or 1, got '$TRAINING'" >&2; exit 2 ;; esac
 case "$METRICS" in 0 | 1) ;; *) echo "METRICS must be 0 (off) or 1 (scrape every 100 ms), got '$METRICS'" >&2; exit 2 ;; esac
 for sc in "${SCENARIOS[@]}"; do
     case "$sc" in crash | agent-kill | drain) ;; *) echo "SCENARIOS: unknown scenario '$sc' (crash, agent-kill, drain)" >&2; exit 2 ;; esac
@@ -342,3 +352,11 @@ echo
 for launcher in muster muster-warm; do if [ -s "$work/$launcher.crash" ]; then goal_a "$launcher"; fi; done
 for launcher in muster muster-warm; do if [ -s "$work/$launcher.agent-kill" ]; then goal_fast "$launcher" agent-kill b; fi; done
 for launcher in muster muster-warm; do if [ -s "$work/$launcher.drain" ]; then goal_fast "$launcher" drain c; fi; done
+
+if [ "$TRAINING" = 1 ]; then
+    echo
+    echo "training table: the survivors' first step after a fault (each start loads a ${CKPT_MB} MB checkpoint)"
+    "$MUSTER_PYTHON" scripts/bench/inplace_recovery.py --muster "$MUSTER" --torchrun "$TORCHRUN" \
+        --api "$PWD/src/inplace/python" --work "$work/training" --runs "$RUNS" --ckpt-mb "$CKPT_MB" \
+        --timeout "$DETECT_TIMEOUT" --warm-wait "$WARM_WAIT"
+fi

@@ -271,3 +271,44 @@ fn a_node_drained_by_xid_79_leaves_the_others_in_place() {
     let again: Vec<(u32, i32)> = calls(dir.path()).iter().skip(4).map(|(rank, pid, _)| (*rank, *pid)).collect();
     assert!(again.len() == 2 && again.iter().all(|(_, pid)| a_pids.contains(pid)), "a's workers stayed in place: {first:?} {again:?}\n{}", a.log());
 }
+
+/// `examples/train_inplace.py` as a user runs it (`--standalone`, a `DataLoader` over a `DistributedSampler`,
+/// a checkpoint): rank 1 SIGKILLed mid-training; rank 0 keeps its process, the job finishes its steps.
+#[test]
+fn the_example_re_forms_in_place_when_a_worker_dies() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let steps = dir.path().join("steps");
+    let args: Vec<String> = vec![
+        "--standalone".into(),
+        "--nproc-per-node=2".into(),
+        "--max-restarts=1".into(),
+        example("train_inplace.py").display().to_string(),
+        "--steps=150".into(),
+        "--step-sleep=0.05".into(),
+        "--backbone-mb=1".into(),
+        format!("--ckpt-dir={}", dir.path().display()),
+        format!("--step-log={}", steps.display()),
+    ];
+    let mut agent = Agent::start("a", &args);
+    let log = || std::fs::read_to_string(&steps).unwrap_or_default();
+    // (rank, pid) of each start line, and the last step.
+    let starts = || -> Vec<(String, String)> {
+        log().lines().filter_map(|l| l.strip_prefix("start ")).map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.get(1).unwrap_or(&"").to_string(), f.get(2).unwrap_or(&"").to_string())
+        }).collect()
+    };
+    let step = || log().lines().rev().find_map(|l| l.strip_prefix("step ")?.split_whitespace().nth(1)?.parse::<u32>().ok());
+    assert!(eventually(LONG, || step().is_some_and(|s| s >= 20)), "no step 20\n{}", agent.log());
+    let first = starts();
+    let pid_of = |rank: &str| first.iter().find(|(r, _)| r == rank).map(|(_, p)| p.clone()).expect("a start line");
+    let victim: i32 = pid_of("1").parse().expect("a pid");
+    // SAFETY: a worker of this test's own job.
+    unsafe { libc::kill(victim, libc::SIGKILL) };
+    assert_eq!(agent.exit_code(LONG), Some(0), "{}", agent.log());
+    let all = starts();
+    assert_eq!(all.len(), 4, "each rank trained twice: {all:?}\n{}", agent.log());
+    assert_eq!(all[2..].iter().find(|(r, _)| r == "0").map(|(_, p)| p.clone()), Some(pid_of("0")), "rank 0 kept its process: {all:?}");
+    assert_eq!(step(), Some(150), "the job finished its steps\n{}", agent.log());
+    assert!(agent.log().contains("re-formed in place"), "{}", agent.log());
+}
