@@ -13,12 +13,13 @@ import argparse
 import json
 import os
 import random
-import re
 import signal
 import statistics
 import subprocess
 import sys
 import time
+
+import jobs
 
 LAUNCHERS = ("torchrun", "muster", "muster-warm", "muster-inplace")
 # What the spares import: torch, and what an optimizer's first construction imports (1.6 s here).
@@ -66,7 +67,8 @@ class Job:
         common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-id={self.run_id}",
                   "--max-restarts=100"]
         if self.launcher in ("muster-warm", "muster-inplace"):
-            common += [WARM, "--warm-spares-delay=0"]
+            # Not at once: the spares would import beside the workers' own start, on two cores.
+            common += [WARM, "--warm-spares-delay=10"]
         conf = "is_host=1" if host else "is_host=0"
         script = [a.train, f"--steps={steps}", f"--ckpt-every={a.ckpt_every}", f"--step-sleep={a.step_sleep}",
                   f"--step-log={self.steplog}", f"--ckpt-dir={os.path.join(self.dir, 'ckpt')}",
@@ -90,7 +92,7 @@ class Job:
     def start(self, name):
         host = name == "a"
         if host and self.launcher == "torchrun":
-            self.port = free_port()
+            self.port = jobs.free_port()
         log = open(os.path.join(self.dir, f"{name}.log"), "w")
         env = dict(os.environ)
         if self.launcher == "torchrun":
@@ -98,7 +100,7 @@ class Job:
         self.agents[name] = subprocess.Popen(self.command(name), stdout=log, stderr=subprocess.STDOUT, env=env,
                                              start_new_session=True)
         if host and self.launcher != "torchrun":
-            self.port = wait_for(lambda: hosted_port(os.path.join(self.dir, "a.log")), 60, "the host's store port")
+            self.port = wait_for(lambda: jobs.hosted_port(os.path.join(self.dir, "a.log")), 60, "the host's store port")
 
     def alive(self, name):
         p = self.agents.get(name)
@@ -133,41 +135,8 @@ class Job:
         self.start(f"b{self.generation}")
 
     def stop(self):
-        for p in self.agents.values():
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.time() + 10
-        for p in self.agents.values():
-            try:
-                p.wait(max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        # torchrun leaves workers behind when it is SIGKILLed, in sessions of their own, some before they
-        # logged their start: every process of this job's script goes (its step log's path is its own).
-        for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    mine = f"--step-log={self.steplog}".encode() in f.read().split(b"\0")
-                if mine:
-                    os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def hosted_port(log):
-    try:
-        m = re.search(r"rdzv_store=127\.0\.0\.1:(\d+) \(hosted here\)", open(log).read())
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
+        # The step log's path is this job's own.
+        jobs.stop(list(self.agents.values()), f"--step-log={self.steplog}")
 
 
 def wait_for(f, timeout, what):

@@ -9,7 +9,7 @@
 # plain torchrun script, resuming from its checkpoint), and every start loads a frozen backbone of
 # BACKBONE_MB megabytes (default 300), as a real job's start loads its checkpoint.
 # Launchers: torchrun 2.15, muster (--in-place off), muster-warm (--in-place off, --warm-spares
-# torch,torch._dynamo), muster-inplace (in place, with the same warm spares). Goal: muster-inplace's ETTR at
+# torch,torch._dynamo, 10 s after each start), muster-inplace (in place, with the same warm spares). Goal: muster-inplace's ETTR at
 # least 95% (T=60 M=10).
 #
 # Reported per launcher (the mean over seeds): ETTR (the furthest step reached x the clean step time / the

@@ -17,6 +17,8 @@ import subprocess
 import sys
 import time
 
+import jobs
+
 LAUNCHERS = ("torchrun", "muster", "muster-warm", "muster-inplace")
 SCENARIOS = {"crash": 4, "agent-kill": 2}
 WARM = "--warm-spares=torch.distributed,torch._dynamo"
@@ -83,12 +85,12 @@ class Job:
         env = dict(os.environ)
         if self.launcher == "torchrun":
             env["PYTHONPATH"] = ":".join(filter(None, [env.get("PYTHONPATH"), a.api]))
-            port = free_port()
+            port = jobs.free_port()
             for node, conf in (("a", "is_host=1"), ("b", "is_host=0")):
                 self.spawn(node, [a.torchrun, *common, f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-conf={conf}", *script], env)
             return
         self.spawn("a", [a.muster, *common, "--rdzv-endpoint=127.0.0.1:0", "--rdzv-conf=is_host=1", *script], env)
-        port = wait(lambda: hosted_port(os.path.join(self.dir, "a.log")), 60)
+        port = wait(lambda: jobs.hosted_port(os.path.join(self.dir, "a.log")), 60)
         if port is None:
             sys.exit(f"inplace_recovery: the first muster agent reported no store port; see {self.dir}/a.log")
         self.spawn("b", [a.muster, *common, f"--rdzv-endpoint=127.0.0.1:{port}", *script], env)
@@ -99,40 +101,7 @@ class Job:
 
     def stop(self):
         open(os.path.join(self.dir, "finish"), "w").close()
-        for p in self.agents:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGTERM)
-        deadline = time.time() + 10
-        for p in self.agents:
-            try:
-                p.wait(max(0.1, deadline - time.time()))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait()
-        # torchrun leaves workers behind when SIGKILLed: every process of this job's worker goes.
-        for pid in [int(d) for d in os.listdir("/proc") if d.isdigit()]:
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if self.dir.encode() in f.read().split(b"\0"):
-                        os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def hosted_port(log):
-    import re
-    try:
-        m = re.search(r"rdzv_store=127\.0\.0\.1:(\d+) \(hosted here\)", open(log).read())
-    except OSError:
-        return None
-    return int(m.group(1)) if m else None
+        jobs.stop(self.agents, self.dir)
 
 
 def one(args, launcher, scenario, run, checkpoint):
