@@ -1,16 +1,15 @@
 #!/usr/bin/env bash
 # Benchmark (not a test): goodput under faults, torchrun against muster side by side. One job per launcher
 # and seed: two agents x two gloo workers on loopback (c10d rendezvous, --nnodes 1:2, --max-restarts 100),
-# examples/train.py with a checkpoint every K steps, sized to take M minutes fault-free, under a seeded
+# examples/train_inplace.py with a checkpoint every K steps, sized to take M minutes fault-free, under a seeded
 # schedule of one fault every T seconds for M minutes: a worker SIGKILLed, the second node's agent SIGKILLed
 # (its workers die with it, as with a host that vanishes), or the second node leaving (SIGTERM); a node that
 # went is replaced by a fresh agent R seconds later. The same seed gives every launcher the same schedule.
-# The script is examples/train_inplace.py (the in-place API; under torchrun and --in-place off it runs as a
-# plain torchrun script, resuming from its checkpoint), and every start loads a frozen backbone of
-# BACKBONE_MB megabytes (default 300), as a real job's start loads its checkpoint.
-# Launchers: torchrun 2.15, muster (--in-place off), muster-warm (--in-place off, --warm-spares
-# torch,torch._dynamo, 10 s after each start), muster-inplace (in place, with the same warm spares). Goal: muster-inplace's ETTR at
-# least 95% (T=60 M=10).
+# The script uses the in-place API (under torchrun and --in-place off it runs as a plain torchrun script,
+# resuming from its checkpoint), and every start loads a frozen backbone of BACKBONE_MB megabytes (default
+# 300), as a real job's start loads its checkpoint. Launchers: torchrun 2.15, muster (--in-place off),
+# muster-warm (--in-place off, --warm-spares torch,torch._dynamo, 10 s after each start), muster-inplace (in
+# place, with the same warm spares). Goal: muster-inplace's ETTR at least 95% (T=60 M=10).
 #
 # Reported per launcher (the mean over seeds): ETTR (the furthest step reached x the clean step time / the
 # wall time from launch; steps redone after a checkpoint restore do not count; a job that did not finish is
