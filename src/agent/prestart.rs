@@ -72,6 +72,8 @@ impl Work {
         let _ = group.stop(Signal::SIGKILL, self.cfg.shutdown_timeout, "a start before the join", &keep).await;
         if !keep.is_empty() {
             self.group = Some(group);
+        } else if let Err(e) = self.rendezvous.forget_in_place().await {
+            tracing::debug!("cannot forget the job's in-place mark: {e}");
         }
     }
 }

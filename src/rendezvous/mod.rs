@@ -423,6 +423,13 @@ impl<S: Store> Rendezvous<S> {
         async move { Ok(store.set(&key, b"1").await?) }
     }
 
+    /// Forgets the mark: a node whose workers, started ahead, never reached the API (the script no longer
+    /// uses it, a job requeued with the same id) spares the next joiner the same wait.
+    pub async fn forget_in_place(&self) -> Result<(), RdzvError> {
+        self.store.delete(&self.key(IN_PLACE_KEY)).await?;
+        Ok(())
+    }
+
     /// Whether the job's workers re-form in place (see `in_place_mark`).
     pub async fn job_in_place(&self) -> Result<bool, RdzvError> {
         Ok(self.store.get(&self.key(IN_PLACE_KEY)).await?.is_some())
