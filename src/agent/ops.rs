@@ -76,8 +76,6 @@ pub(super) struct Work {
     pub(super) pace: Option<crate::straggler::Monitor>,
     /// Re-forming in place: the API for the workers, the channel with `--in-place on`.
     pub(super) in_place: super::inplace::InPlace,
-    /// Rounds joined with workers kept in place (published for `muster status`).
-    pub(super) in_place_joins: u32,
 }
 
 impl Work {
@@ -120,8 +118,7 @@ impl Work {
         self.rendezvous.set_restarts(restart_count);
         self.prestart(nproc, excluded, restart_count).await;
         // Workers kept (or started ahead) take this round in place.
-        self.in_place_joins += u32::from(self.group.is_some());
-        self.rendezvous.set_in_place(self.in_place_joins);
+        self.rendezvous.count_join_in_place(self.group.is_some());
         let round = match self.rendezvous.next_round().await {
             Ok(round) => round,
             Err(e) => return Input::Failed(e.into()),

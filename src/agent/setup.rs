@@ -113,7 +113,6 @@ impl Agent {
                 crate::straggler::Monitor::new(s, cfg.rdzv.keep_alive_interval, pace_note, sinks.events.clone(), sinks.metrics.clone())
             }),
             in_place,
-            in_place_joins: 0,
         };
         Ok(Agent {
             work,

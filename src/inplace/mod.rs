@@ -65,6 +65,30 @@ impl Shared {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<i32, Conn>> {
         self.conns.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Waits until `done` holds of the connections (looked at again each time one changes), or `deadline`.
+    async fn wait_until(&self, deadline: Option<Instant>, done: impl Fn(&HashMap<i32, Conn>) -> bool) {
+        loop {
+            let changed = self.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if done(&self.lock()) || deadline.is_some_and(|d| Instant::now() >= d) {
+                return;
+            }
+            match deadline {
+                Some(d) => tokio::select! {
+                    () = changed => {}
+                    () = tokio::time::sleep_until(d) => {}
+                },
+                None => changed.await,
+            }
+        }
+    }
+}
+
+/// Whether worker `pid` said hello with local rank `rank` and is still connected.
+fn said_hello(conns: &HashMap<i32, Conn>, (rank, pid): &(u32, i32)) -> bool {
+    conns.get(pid).is_some_and(|c| c.local_rank == *rank)
 }
 
 /// The directory the Python API is importable from, written at set-up whether in place is on or not (a
@@ -134,39 +158,18 @@ impl Channel {
     /// connected: those that can be kept.
     pub fn keepable(&self, workers: &[(u32, i32)]) -> std::collections::HashSet<i32> {
         let conns = self.shared.lock();
-        workers.iter().filter(|(rank, pid)| conns.get(pid).is_some_and(|c| c.local_rank == *rank)).map(|(_, pid)| *pid).collect()
+        workers.iter().filter(|w| said_hello(&conns, w)).map(|(_, pid)| *pid).collect()
     }
 
     /// Resolves once any worker has said hello; a future of its own (for a task that outlives a borrow).
     pub fn first_hello(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let shared = self.shared.clone();
-        async move {
-            loop {
-                let changed = shared.changed.notified();
-                tokio::pin!(changed);
-                changed.as_mut().enable();
-                if !shared.lock().is_empty() {
-                    return;
-                }
-                changed.await;
-            }
-        }
+        async move { shared.wait_until(None, |conns| !conns.is_empty()).await }
     }
 
     /// Waits until each of `workers` (local rank, pid) can be kept (`keepable`), or `deadline`.
     pub async fn hellos(&self, workers: &[(u32, i32)], deadline: Instant) {
-        loop {
-            let changed = self.shared.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.keepable(workers).len() == workers.len() || Instant::now() >= deadline {
-                return;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(deadline) => {}
-            }
-        }
+        self.shared.wait_until(Some(deadline), |conns| workers.iter().all(|w| said_hello(conns, w))).await;
     }
 
     /// Hands `reform` to worker `pid`; false when it is not connected.
@@ -183,24 +186,13 @@ impl Channel {
     /// Waits until every worker of `pids` said it re-formed in `round`, or `deadline`, or until each of
     /// those left has gone away; returns those that did not say so.
     pub async fn unconfirmed(&self, pids: &[i32], round: u64, deadline: Instant) -> Vec<i32> {
-        loop {
-            let changed = self.shared.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            let (missing, connected) = {
-                let conns = self.shared.lock();
-                let missing: Vec<i32> = pids.iter().copied().filter(|p| conns.get(p).is_none_or(|c| c.reformed < Some(round))).collect();
-                let connected = missing.iter().any(|p| conns.contains_key(p));
-                (missing, connected)
-            };
-            if missing.is_empty() || !connected || Instant::now() >= deadline {
-                return missing;
-            }
-            tokio::select! {
-                () = changed => {}
-                () = tokio::time::sleep_until(deadline) => {}
-            }
-        }
+        let missing = |conns: &HashMap<i32, Conn>| -> Vec<i32> {
+            pids.iter().copied().filter(|p| conns.get(p).is_none_or(|c| c.reformed < Some(round))).collect()
+        };
+        // Done once none is missing, or none of those missing is still connected.
+        let settled = |conns: &HashMap<i32, Conn>| missing(conns).iter().all(|p| !conns.contains_key(p));
+        self.shared.wait_until(Some(deadline), settled).await;
+        missing(&self.shared.lock())
     }
 
 }

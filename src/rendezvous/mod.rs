@@ -361,9 +361,10 @@ impl<S: Store> Rendezvous<S> {
         self.restarts = restarts;
     }
 
-    /// Rounds joined with workers kept in place so far, this join's included (`muster status` too).
-    pub fn set_in_place(&mut self, rounds: u32) {
-        self.in_place = rounds;
+    /// Counts the join about to be made among those with workers kept in place when `kept`; the count is
+    /// published with it (`muster status` too).
+    pub fn count_join_in_place(&mut self, kept: bool) {
+        self.in_place += u32::from(kept);
     }
 
     /// Whether the job is closed, and why (once known, acknowledged for the store's host).

@@ -124,7 +124,7 @@ fn assert_close(got: &str, want: &str) {
 }
 
 /// Whether every rank of `ranks` wrote step `step` (it waits there for the test).
-fn all_at(dir: &Path, ranks: std::ops::Range<u32>, step: u32) -> bool {
+pub(crate) fn all_at(dir: &Path, ranks: std::ops::Range<u32>, step: u32) -> bool {
     ranks.into_iter().all(|r| std::fs::read_to_string(dir.join(format!("step-{r}"))).is_ok_and(|s| s == step.to_string()))
 }
 

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use crate::common::netns::Net;
 use crate::common::{cluster, eventually, fixture};
+use crate::inplace::all_at;
 use super::cut::{check_cut, CutOutcome};
 use super::job::{Job, Rdzv, Workload};
 use super::{epoch, round3, scenario, Checks, Timings, STORE_PORT};
@@ -37,10 +38,6 @@ fn calls(dir: &Path) -> Vec<Call> {
         .collect()
 }
 
-fn at_step(dir: &Path, ranks: std::ops::Range<u32>, step: u32) -> bool {
-    ranks.into_iter().all(|r| std::fs::read_to_string(dir.join(format!("step-{r}"))).is_ok_and(|s| s == step.to_string()))
-}
-
 /// c10d, two agents × two workers on two hosts (`--nnodes 1:2`, the store on host 0's agent); host 1 is cut
 /// silently while every rank waits in all_reduce at step 20:
 /// - the cut node fences, its workers are gone before the survivor's run in the new round (as any cut);
@@ -57,7 +54,7 @@ fn a_node_cut_off_silently_leaves_the_survivors_in_place() {
     job.workload = Workload { script: fixture("inplace_train.py"), args: vec![STEPS.to_string(), "20".into()], shutdown_timeout: 30 };
     job.start_c10d(&[0, 1]);
     let dir = job.path().to_path_buf();
-    assert!(eventually(cluster::LONG, || at_step(&dir, 0..4, 20)), "every rank reached step 20\n{}", job.logs());
+    assert!(eventually(cluster::LONG, || all_at(&dir, 0..4, 20)), "every rank reached step 20\n{}", job.logs());
     let first = calls(&dir);
     assert_eq!(first.len(), 4, "{first:?}");
     let r0 = first[0].round;
