@@ -65,13 +65,18 @@ impl Job {
         std::fs::write(self.dir.path().join("finish"), "").expect("finish");
     }
 
-    /// The straggler events agent `node` wrote.
+    /// The straggler events agent `node` wrote, once it wrote one: the log line comes first, the file's
+    /// writer thread after it.
     fn stragglers(&self, node: &str) -> Vec<Value> {
-        let log = std::fs::read_to_string(self.dir.path().join(format!("events-{node}.jsonl"))).unwrap_or_default();
-        log.lines()
-            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["name"] == "muster.agent.straggler")
-            .collect()
+        let read = || {
+            let log = std::fs::read_to_string(self.dir.path().join(format!("events-{node}.jsonl"))).unwrap_or_default();
+            log.lines()
+                .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                .filter(|e| e["name"] == "muster.agent.straggler")
+                .collect::<Vec<_>>()
+        };
+        eventually(LONG, || !read().is_empty());
+        read()
     }
 }
 
@@ -187,8 +192,8 @@ fn a_ddp_straggler_is_named(slowdown: Slowdown, frame: &str) {
     let why = e["why"].as_str().unwrap_or_default();
     assert!(why.contains("the job's median") && why.contains("it works in ddp_worker.py:") && why.contains(frame), "{why}");
     job.finish();
-    assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
-    assert_eq!(b.exit_code(LONG), Some(0), "{}", b.log());
+    assert_eq!(a.exit_code(LONG), Some(0), "{}\n---\n{}", a.log(), b.log());
+    assert_eq!(b.exit_code(LONG), Some(0), "{}\n---\n{}", b.log(), a.log());
 }
 
 #[test]
