@@ -309,11 +309,15 @@ impl Work {
     }
 
     /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
-    /// user's hook (bounded).
+    /// user's hook (bounded). The store's host does not leave: its store ends with it, and a group re-formed
+    /// in it meanwhile would start workers that its end stops at once; the others end with 3 when its port
+    /// refuses them.
     async fn drain(&mut self, fault: &Fault) -> Input {
         self.rendezvous.record_drain(None).await;
-        if let Err(e) = self.rendezvous.leave().await {
-            tracing::warn!("cannot leave the rendezvous: {e}");
+        if self.hosted.is_none() {
+            if let Err(e) = self.rendezvous.leave().await {
+                tracing::warn!("cannot leave the rendezvous: {e}");
+            }
         }
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env = super::gpu::hook_env(fault, &self.cfg.run_id);
