@@ -33,13 +33,11 @@ impl Work {
     }
 
     /// A node found sick (its gate; a link that dropped under `--on-link-drop drain`; a straggler under
-    /// `--on-straggler drain`) leaves the rendezvous, records the incident, runs the hook with `kind` (the
+    /// `--on-straggler drain`) leaves the rendezvous (`leave_draining`), records the incident, runs the hook with `kind` (the
     /// check's name, or `straggler`); the error it ends with.
     pub(super) async fn drain_unhealthy(&mut self, kind: &str, line: String) -> AgentError {
         self.rendezvous.record_drain(Some(kind)).await;
-        if let Err(e) = self.rendezvous.leave().await {
-            tracing::warn!("cannot leave the rendezvous: {e}");
-        }
+        self.leave_draining().await;
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env: Vec<(String, String)> = [
                 ("MUSTER_FAULT_KIND", kind.to_string()),

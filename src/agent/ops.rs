@@ -308,17 +308,22 @@ impl Work {
         Some(self.lost_fault(lost.index))
     }
 
-    /// Leaves the rendezvous at once (the others re-form now, not after a heartbeat timeout), then runs the
-    /// user's hook (bounded). The store's host does not leave: its store ends with it, and a group re-formed
-    /// in it meanwhile would start workers that its end stops at once; the others end with 3 when its port
-    /// refuses them.
+    /// A draining node leaves the rendezvous at once: the others re-form now, not after a heartbeat timeout.
+    /// The store's host does not: its store ends with it, and a group re-formed in it meanwhile would start
+    /// workers that its end stops at once; the others end with 3 when its port refuses them.
+    pub(super) async fn leave_draining(&mut self) {
+        if self.hosted.is_some() {
+            return;
+        }
+        if let Err(e) = self.rendezvous.leave().await {
+            tracing::warn!("cannot leave the rendezvous: {e}");
+        }
+    }
+
+    /// Leaves the rendezvous (`leave_draining`), then runs the user's hook (bounded).
     async fn drain(&mut self, fault: &Fault) -> Input {
         self.rendezvous.record_drain(None).await;
-        if self.hosted.is_none() {
-            if let Err(e) = self.rendezvous.leave().await {
-                tracing::warn!("cannot leave the rendezvous: {e}");
-            }
-        }
+        self.leave_draining().await;
         if let Some(cmd) = &self.cfg.on_node_fault {
             let env = super::gpu::hook_env(fault, &self.cfg.run_id);
             // Said in the log whatever it came to; a hook never changes how the node ends.
