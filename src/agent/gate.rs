@@ -33,8 +33,8 @@ impl Work {
     }
 
     /// A node found sick (its gate; a link that dropped under `--on-link-drop drain`; a straggler under
-    /// `--on-straggler drain`) leaves the rendezvous (`leave_draining`), records the incident, runs the hook with `kind` (the
-    /// check's name, or `straggler`); the error it ends with.
+    /// `--on-straggler drain`) leaves the rendezvous (`leave_draining`), records the incident, runs the hook
+    /// with `kind` (the check's name, or `straggler`); the error it ends with.
     pub(super) async fn drain_unhealthy(&mut self, kind: &str, line: String) -> AgentError {
         self.rendezvous.record_drain(Some(kind)).await;
         self.leave_draining().await;
