@@ -42,6 +42,8 @@ impl HangJob {
             .nproc(2)
             .conf(conf)
             .run_id(&self.run_id)
+            // Group rank 0 on a whatever the join order (b may join first on a loaded machine).
+            .opt(if node == "a" { "--node-rank=0" } else { "--node-rank=1" })
             .opt("--max-restarts=1")
             .opt(format!("--log-dir={}", p.join("logs").join(node).display()))
             .opt(format!("--event-log={}", p.join(format!("{node}.events")).display()))
@@ -60,7 +62,7 @@ impl HangJob {
             .build()
     }
 
-    /// Agents `a` (hosting the store; group rank 0 as the first to join) and `b`.
+    /// Agents `a` (hosting the store; group rank 0) and `b`.
     fn start(&self, muster_args: &[&str], script_args: &[&str]) -> (Agent, Agent) {
         self.start_with(|node, endpoint, conf| self.args(node, endpoint, conf, muster_args, script_args))
     }
