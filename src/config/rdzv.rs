@@ -335,7 +335,7 @@ pub(super) fn resolve(
         }
     };
     if cli.node_rank != 0 && backend != "static" && !rank_from_context {
-        tracing::warn!("--node-rank is only used by the static rendezvous backend; ignoring it");
+        tracing::warn!("--node-rank with the {backend} rendezvous is a preference: the node gets that group rank when it joins a new round and the rank is free (torchrun ignores it)");
     }
     Ok((backend, rendezvous, run_id))
 }

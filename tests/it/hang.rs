@@ -42,8 +42,7 @@ impl HangJob {
             .nproc(2)
             .conf(conf)
             .run_id(&self.run_id)
-            // Group rank 0 on a whatever the join order (b may join first on a loaded machine).
-            .opt(if node == "a" { "--node-rank=0" } else { "--node-rank=1" })
+            .ranked(node)
             .opt("--max-restarts=1")
             .opt(format!("--log-dir={}", p.join("logs").join(node).display()))
             .opt(format!("--event-log={}", p.join(format!("{node}.events")).display()))

@@ -52,6 +52,7 @@ impl Job<'_> {
             // Both nodes in the first round (MAX seals it at once); a shrink waits for no last call.
             .conf(format!("{host}last_call_timeout=30"))
             .run_id(&self.run_id)
+            .ranked(node)
             .opts(&self.extra)
             .script(fixture("inplace_train.py"))
             .arg(self.dir)

@@ -38,8 +38,7 @@ impl Job {
             .nproc(2)
             .conf(conf)
             .run_id(&self.run_id)
-            // Group rank 0 on a whatever the join order (b may join first on a loaded machine).
-            .opt(if node == "a" { "--node-rank=0" } else { "--node-rank=1" })
+            .ranked(node)
             .opts(["--shutdown-timeout=5", self.window, &events, "--on-node-fault", &hook])
             .opts(extra)
             .script(fixture(script))

@@ -191,6 +191,15 @@ impl AgentArgs {
         self
     }
 
+    /// `--node-rank` from the node's letter (a: 0, b: 1, ...): the preferred group rank, so that the ranks
+    /// follow the test's names whatever order the agents join in (the store's host prints its port before it
+    /// joins: on a loaded machine the next agent may join first).
+    pub fn ranked(mut self, node: &str) -> AgentArgs {
+        let rank = node.bytes().next().map_or(0, |c| c.saturating_sub(b'a'));
+        self.job.push(format!("--node-rank={rank}"));
+        self
+    }
+
     /// One more argument of muster's (an option or its value), e.g. `--max-restarts=3`.
     pub fn opt(mut self, option: impl AsRef<OsStr>) -> AgentArgs {
         self.options.push(text(option));
