@@ -52,8 +52,9 @@ impl Agent {
         // A launch's first spawn follows within milliseconds: start paying the cgroup's first-move cost now.
         guard.prime_cgroup();
         let logs = RunLogs::create(&cfg.logs, &cfg.run_id).map_err(fail)?;
+        let node_id = me(&cfg).id;
         let (hosted, store) = tokio::select! {
-            r = open_rendezvous_store(&cfg) => r.map_err(fail)?,
+            r = open_rendezvous_store(&cfg, &node_id) => r.map_err(fail)?,
             Some(sig) = next_stop(&mut signals) => return Err(End::Interrupted(sig)),
         };
         let mut rendezvous = Rendezvous::new(store, settings(&cfg), me(&cfg), fingerprint(&cfg));
@@ -88,7 +89,7 @@ impl Agent {
             shared_with_rendezvous: matches!(cfg.rendezvous, RdzvMode::Static { .. }),
             addr: match &cfg.rendezvous {
                 RdzvMode::Static { master_addr, .. } => master_addr.clone(),
-                RdzvMode::C10d { .. } | RdzvMode::Etcd(_) => cfg.local_addr.clone(),
+                RdzvMode::C10d { .. } | RdzvMode::Etcd(_) | RdzvMode::Kube(_) => cfg.local_addr.clone(),
             },
         };
         let pace_note = rendezvous.pace_note();
@@ -163,9 +164,10 @@ fn settings(cfg: &LaunchConfig) -> Settings {
         keep_alive_interval: r.keep_alive_interval,
         keep_alive_max_attempt: r.keep_alive_max_attempt,
         heartbeat_timeout: r.heartbeat_timeout,
-        // etcd outlives any node: wait for it as long as a rendezvous may take (training goes on meanwhile).
+        // etcd and the API server outlive any node: wait for them as long as a rendezvous may take (training
+        // goes on meanwhile).
         store_timeout: match cfg.rendezvous {
-            RdzvMode::Etcd(_) => r.join_timeout,
+            RdzvMode::Etcd(_) | RdzvMode::Kube(_) => r.join_timeout,
             _ => r.read_timeout,
         },
         node_rank: cfg.pref_rank,

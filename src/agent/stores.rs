@@ -10,6 +10,7 @@ use super::AgentError;
 use crate::config::{LaunchConfig, Rendezvous};
 use crate::rendezvous::RdzvError;
 use crate::store::etcd::EtcdStore;
+use crate::store::k8s::KubeStore;
 use crate::store::remote::RemoteStore;
 use crate::store::RdzvStore;
 use crate::store::tcp::{Server, ServerConfig};
@@ -26,12 +27,21 @@ fn server_config(keepalive: Option<Duration>, token: Option<Vec<u8>>) -> ServerC
     ServerConfig { keepalive, max_connections, token, ..default }
 }
 
-/// The rendezvous store: etcd, or muster's store hosted by this agent when it is the store's host and
-/// reached over TCP in any case.
-pub async fn open_rendezvous_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RdzvStore), AgentError> {
-    if let Rendezvous::Etcd(options) = &cfg.rendezvous {
-        let store = EtcdStore::connect(options, cfg.rdzv.join_timeout).await?;
-        return Ok((None, RdzvStore::Etcd(store)));
+/// The rendezvous store: etcd, the Kubernetes API server (this agent's session the object of its heartbeat,
+/// `node_id`'s), or muster's store hosted by this agent when it is the store's host and reached over TCP in
+/// any case.
+pub async fn open_rendezvous_store(cfg: &LaunchConfig, node_id: &str) -> Result<(Option<Server>, RdzvStore), AgentError> {
+    match &cfg.rendezvous {
+        Rendezvous::Etcd(options) => {
+            let store = EtcdStore::connect(options, cfg.rdzv.join_timeout).await?;
+            return Ok((None, RdzvStore::Etcd(store)));
+        }
+        Rendezvous::Kube(target) => {
+            let options = crate::config::k8s::options(target, &cfg.run_id, node_id, cfg.max_nodes, &cfg.rdzv);
+            let store = KubeStore::connect(&options, cfg.rdzv.join_timeout).await?;
+            return Ok((None, RdzvStore::Kube(Box::new(store))));
+        }
+        _ => {}
     }
     let (hosted, store) = open_tcp_store(cfg).await?;
     Ok((hosted, RdzvStore::Tcp(store)))
@@ -74,7 +84,7 @@ async fn open_tcp_store(cfg: &LaunchConfig) -> Result<(Option<Server>, RemoteSto
             };
             (master_addr.clone(), *master_port, hosted)
         }
-        Rendezvous::Etcd(_) => return Err(AgentError::Internal("etcd opened as a TCP store".into())),
+        Rendezvous::Etcd(_) | Rendezvous::Kube(_) => return Err(AgentError::Internal("etcd or the API server opened as a TCP store".into())),
     };
     let addr = match &hosted {
         Some(server) => reachable(server.local_addr()),
@@ -220,7 +230,7 @@ impl WorkerStore {
 pub(super) async fn warn_if_loopback(cfg: &LaunchConfig) {
     let (flag, host) = match &cfg.rendezvous {
         Rendezvous::Static { master_addr, .. } => ("MASTER_ADDR", master_addr.as_str()),
-        Rendezvous::C10d { .. } | Rendezvous::Etcd(_) => ("--local-addr (default: this host's FQDN)", cfg.local_addr.as_str()),
+        Rendezvous::C10d { .. } | Rendezvous::Etcd(_) | Rendezvous::Kube(_) => ("--local-addr (default: this host's FQDN)", cfg.local_addr.as_str()),
     };
     let lookup = tokio::net::lookup_host((host, 0));
     let Ok(Ok(mut addrs)) = tokio::time::timeout(Duration::from_secs(2), lookup).await else { return };

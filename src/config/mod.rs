@@ -25,6 +25,7 @@ mod observe;
 mod parse;
 mod rdzv;
 pub mod etcd;
+pub mod k8s;
 pub mod token;
 
 pub use entrypoint::{find_program, Entrypoint, WarmConfig};

@@ -9,8 +9,8 @@ use std::time::Duration;
 use super::{bad, ConfigError};
 use crate::cli::Cli;
 
-/// The rendezvous keys torchrun 2.15 knows, plus muster's `exit_barrier_timeout`, `bind` and
-/// `membership_grace`.
+/// The rendezvous keys torchrun 2.15 knows, plus muster's `exit_barrier_timeout`, `bind`,
+/// `membership_grace` and `namespace` (the k8s backend's).
 pub const RDZV_CONF_KEYS: &[&str] = &[
     "join_timeout",
     "last_call_timeout",
@@ -35,6 +35,7 @@ pub const RDZV_CONF_KEYS: &[&str] = &[
     "token_file",
     "bind",
     "membership_grace",
+    "namespace",
 ];
 
 /// `--rdzv-conf`, every key typed, with torchrun's defaults for the keys the user left out.
@@ -72,6 +73,8 @@ pub struct RdzvConf {
     /// muster's own: the one address every store this agent hosts listens on; None: where the endpoint
     /// (or, for the workers' store, MASTER_ADDR) says (`agent::stores`).
     pub bind: Option<IpAddr>,
+    /// The k8s backend's namespace; None: the pod's, or the kubeconfig context's.
+    pub namespace: Option<String>,
 }
 
 /// `store_type`: the c10d rendezvous store.
@@ -124,6 +127,7 @@ impl Default for RdzvConf {
             etcd: EtcdConf::default(),
             token_file: None,
             bind: None,
+            namespace: None,
         }
     }
 }
@@ -192,6 +196,7 @@ impl RdzvConf {
             "key" => self.etcd.key = path(),
             "cacert" => self.etcd.cacert = path(),
             "etcd_prefix" => self.etcd.etcd_prefix = Some(v.to_string()),
+            "namespace" => self.namespace = Some(v.to_string()),
             "bind" => {
                 let ip = v.strip_prefix('[').and_then(|ip| ip.strip_suffix(']')).unwrap_or(v);
                 self.bind = Some(ip.parse().map_err(|_| {
@@ -241,6 +246,9 @@ pub enum Rendezvous {
     /// etcd v3: the rendezvous in etcd (no node hosts it); the group-rank-0 agent serves the workers'
     /// store, as with c10d. The handle's settings, complete: members, TLS, credentials, namespace, lease.
     Etcd(crate::store::etcd::EtcdOptions),
+    /// The Kubernetes API server: the rendezvous in the Leases of a namespace (no node hosts it); the
+    /// group-rank-0 agent serves the workers' store, as with etcd.
+    Kube(super::k8s::KubeTarget),
 }
 
 /// Host and port of `--rdzv-endpoint` as torch's `parse_rendezvous_endpoint` splits and checks them: an empty
@@ -330,8 +338,11 @@ pub(super) fn resolve(
         "etcd" | "etcd-v2" | "etcd-v3" => {
             Rendezvous::Etcd(super::etcd::options(&super::etcd::target(&endpoint, conf)?, etcd_credentials, conf))
         }
+        "k8s" | "kubernetes" => Rendezvous::Kube(super::k8s::target(&endpoint, conf)?),
         other => {
-            return Err(bad(format!("invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd, etcd-v2 or etcd-v3")))
+            return Err(bad(format!(
+                "invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd, etcd-v2, etcd-v3 or k8s (kubernetes)"
+            )))
         }
     };
     if cli.node_rank != 0 && backend != "static" && !rank_from_context {

@@ -57,6 +57,7 @@ fn of_store(e: &StoreError) -> u8 {
         | StoreError::WrongToken { .. }
         | StoreError::NotEtcd { .. }
         | StoreError::EtcdAuth { .. }
+        | StoreError::KubeForbidden { .. }
         | StoreError::Tls { .. }
         | StoreError::BadSetting { .. } => USAGE,
         StoreError::Resolve { .. }
@@ -67,10 +68,13 @@ fn of_store(e: &StoreError) -> u8 {
         | StoreError::Io { .. }
         | StoreError::Broken { .. }
         | StoreError::Refused { .. }
-        | StoreError::Unreachable { .. } => RDZV_INCOMPLETE,
-        StoreError::Bind { .. } | StoreError::Handshake { .. } | StoreError::Protocol { .. } | StoreError::Etcd { .. } => {
-            FAILED
-        }
+        | StoreError::Unreachable { .. }
+        | StoreError::ApiServerUnreachable { .. } => RDZV_INCOMPLETE,
+        StoreError::Bind { .. }
+        | StoreError::Handshake { .. }
+        | StoreError::Protocol { .. }
+        | StoreError::Etcd { .. }
+        | StoreError::Kube { .. } => FAILED,
     }
 }
 

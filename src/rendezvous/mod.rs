@@ -470,8 +470,13 @@ impl<S: Store> Rendezvous<S> {
             }
             return Ok(());
         }
-        if self.store.add(&left, 1).await? >= others {
+        let left_now = self.store.add(&left, 1).await?;
+        if left_now >= others {
             self.store.set(&all_left, b"1").await?;
+        }
+        // The last of a round nobody hosts: the job's state goes where the store outlives it.
+        if left_now > others {
+            self.store.forget_job(&self.key(lemons::CULPRITS)).await?;
         }
         Ok(())
     }

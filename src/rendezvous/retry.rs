@@ -30,6 +30,7 @@ pub(super) fn is_connection_error(e: &RdzvError) -> bool {
                 | StoreError::Broken { .. }
                 | StoreError::Refused { .. }
                 | StoreError::Unreachable { .. }
+                | StoreError::ApiServerUnreachable { .. }
         )
     )
 }
@@ -122,9 +123,12 @@ impl Retry {
         let deadline = *self.deadline.get_or_insert(now + self.timeout);
         match decide(&e, self.attempt, jitter(now), now, deadline) {
             Next::Retry(wait) => {
-                // etcd's client says an outage itself, once for all its users; a refusal is said by its end
-                // (`refusal_ends`) or by the watch of the round.
-                let said = matches!(e, RdzvError::Store(StoreError::Unreachable { .. } | StoreError::Refused { .. }));
+                // etcd's and the API server's clients say an outage themselves, once for all their users; a
+                // refusal is said by its end (`refusal_ends`) or by the watch of the round.
+                let said = matches!(
+                    e,
+                    RdzvError::Store(StoreError::Unreachable { .. } | StoreError::ApiServerUnreachable { .. } | StoreError::Refused { .. })
+                );
                 if self.attempt == 0 && said {
                     tracing::debug!("the store does not answer while {} ({e}); retrying", self.what);
                 } else if self.attempt == 0 {

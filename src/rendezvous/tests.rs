@@ -158,6 +158,30 @@ pub(super) mod shared {
         }
     }
 
+    /// A kube-apiserver on loopback (`MUSTER_KUBE_APISERVER`, in front of `MUSTER_ETCD_35`): one per test,
+    /// the agents signing in as a user granted packaging/k8s's Role.
+    pub(in crate::rendezvous) struct Kube(pub(in crate::rendezvous) crate::store::k8s::testing::TestKube);
+
+    impl Kube {
+        pub(in crate::rendezvous) fn start() -> Kube {
+            let kube = crate::store::k8s::testing::TestKube::start();
+            kube.grant();
+            Kube(kube)
+        }
+    }
+
+    impl Backend for Kube {
+        type S = crate::store::k8s::KubeStore;
+        fn connect(&self) -> Pin<Box<dyn Future<Output = Self::S> + Send + '_>> {
+            Box::pin(async move {
+                use crate::store::k8s::testing::User;
+                let mut opts = self.0.options(User::Agent, "default", &format!("{KEY_PREFIX}suite/"));
+                opts.lease_ttl = Duration::from_secs(2);
+                crate::store::k8s::KubeStore::connect(&opts, Duration::from_secs(20)).await.expect("connect")
+            })
+        }
+    }
+
     pub(in crate::rendezvous) fn settings(min: u32, max: u32) -> Settings {
         Settings {
             run_id: "suite".into(),
@@ -574,6 +598,10 @@ pub(super) mod shared {
             mod etcd_store {
                 $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() { super::$name(super::Etcd(crate::store::etcd::testing::TestEtcd::start())).await })*
+            }
+            mod kube_store {
+                $(#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() { super::$name(super::Kube::start()).await })*
             }
         };
     }

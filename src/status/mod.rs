@@ -110,9 +110,10 @@ impl StatusError {
             | StoreError::Handshake { .. }
             | StoreError::NotEtcd { .. }
             | StoreError::EtcdAuth { .. }
+            | StoreError::KubeForbidden { .. }
             | StoreError::Tls { .. } => StatusError::Refused { endpoint, source: e },
             StoreError::BadSetting { .. } => StatusError::Setting { endpoint, source: e },
-            StoreError::Protocol { .. } | StoreError::Etcd { .. } => {
+            StoreError::Protocol { .. } | StoreError::Etcd { .. } | StoreError::Kube { .. } => {
                 StatusError::Unreadable { run_id: run_id.to_string(), endpoint, source: RdzvError::Store(e) }
             }
             _ => StatusError::Unreachable { endpoint, source: e },

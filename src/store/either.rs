@@ -1,16 +1,19 @@
-//! The agent's rendezvous store: muster's TCP store or etcd, one type for the rendezvous and the driver.
+//! The agent's rendezvous store: muster's TCP store, etcd or the Kubernetes API server, one type for the
+//! rendezvous and the driver.
 
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::etcd::EtcdStore;
+use super::k8s::KubeStore;
 use super::remote::RemoteStore;
 use super::{Reach, Store, StoreError, WatchEvent, WatchTarget};
 
 pub enum RdzvStore {
     Tcp(RemoteStore),
     Etcd(EtcdStore),
+    Kube(Box<KubeStore>),
 }
 
 impl RdzvStore {
@@ -19,6 +22,7 @@ impl RdzvStore {
         match self {
             RdzvStore::Tcp(s) => s.addr().to_string(),
             RdzvStore::Etcd(s) => s.endpoints().to_string(),
+            RdzvStore::Kube(s) => s.describe(),
         }
     }
 }
@@ -29,6 +33,7 @@ macro_rules! each {
         match $self {
             RdzvStore::Tcp($s) => $call.await,
             RdzvStore::Etcd($s) => $call.await,
+            RdzvStore::Kube($s) => $call.await,
         }
     };
 }
@@ -75,6 +80,9 @@ impl Store for RdzvStore {
     }
     async fn set_session(&self, key: &str, value: &[u8]) -> Result<(), StoreError> {
         each!(self, s => s.set_session(key, value))
+    }
+    async fn forget_job(&self, keep: &str) -> Result<(), StoreError> {
+        each!(self, s => s.forget_job(keep))
     }
     async fn watch(&self, targets: &[WatchTarget]) -> Result<mpsc::UnboundedReceiver<WatchEvent>, StoreError> {
         each!(self, s => s.watch(targets))

@@ -120,6 +120,22 @@ pub enum StoreError {
     #[error("TLS to etcd at {endpoint} failed: {reason}")]
     Tls { endpoint: String, reason: String },
 
+    #[error(
+        "the Kubernetes API server refused {verb} on leases.coordination.k8s.io in namespace {namespace} \
+         ({message}); bind the pods' service account to the Role in packaging/k8s/rbac.yaml there"
+    )]
+    KubeForbidden { verb: String, namespace: String, message: String },
+
+    /// The API server did not answer or cannot serve now (a restart, overload): waited for as an outage.
+    #[error(
+        "the Kubernetes API server at {server} did not answer {op}: {last}; check that the control plane is up \
+         and reachable from this node"
+    )]
+    ApiServerUnreachable { server: String, op: &'static str, last: String },
+
+    #[error("the Kubernetes API server at {server} rejected {op}: {message}")]
+    Kube { server: String, op: &'static str, message: String },
+
     #[error("{what}")]
     BadSetting { what: String },
 }

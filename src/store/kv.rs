@@ -57,6 +57,14 @@ pub trait Store: Send + Sync + 'static {
     fn reach(&self, timeout: Duration) -> impl Future<Output = Reach> + Send;
     /// A key deleted when this handle's owner goes away.
     fn set_session(&self, key: &str, value: &[u8]) -> impl Future<Output = Result<(), StoreError>> + Send;
+    /// Once a job finished, its state in a store that outlives it in the user's space (the API server's
+    /// objects in the job's namespace): deleted, but for what is under `keep` (the lemon memory a requeued
+    /// job with the same id reads). Elsewhere nothing: an embedded store ends with its host, and etcd
+    /// keeps a job's keys as it keeps any others.
+    fn forget_job(&self, keep: &str) -> impl Future<Output = Result<(), StoreError>> + Send {
+        let _ = keep;
+        async { Ok(()) }
+    }
     /// Every later write and delete of the given keys and prefixes, on one channel; dropping the receiver
     /// ends the watch.
     fn watch(

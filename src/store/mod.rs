@@ -1,5 +1,7 @@
 //! The key-value layer: the rendezvous and the worker-facing store.
 
+#[cfg(test)]
+pub(crate) mod conformance;
 mod error;
 mod kv;
 mod reach;
@@ -8,6 +10,7 @@ pub mod remote;
 mod standalone;
 mod either;
 pub mod etcd;
+pub mod k8s;
 pub mod tcp;
 
 pub use either::RdzvStore;
