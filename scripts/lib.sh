@@ -160,6 +160,37 @@ ensure_etcd35() {
     echo "$MUSTER_ETCD_35"
 }
 
+# ensure_kube_apiserver: kube-apiserver, built once from the k8s.io/kubernetes Go module and cached; exports
+# MUSTER_KUBE_APISERVER. The module cannot be `go install`ed: its go.mod replaces the k8s.io/* staging modules
+# with ./staging paths, so a wrapper module requires each at its published v0.x instead. The tests start it on
+# loopback in front of an etcd 3.5 of their own (MUSTER_ETCD_35) with a static token and a key made at start.
+KUBE_VERSION="1.37.2"
+MUSTER_KUBE_BUILD="$MUSTER_CACHE/kube-apiserver-$KUBE_VERSION"
+ensure_kube_apiserver() {
+    local bin="$MUSTER_KUBE_BUILD/kube-apiserver"
+    if [ ! -x "$bin" ]; then
+        command -v go >/dev/null 2>&1 || { echo "muster: building kube-apiserver needs Go (1.26 or later) on PATH" >&2; return 1; }
+        echo "muster: building kube-apiserver $KUBE_VERSION from the Go module proxy (once; cached afterwards)" >&2
+        local staging="0.${KUBE_VERSION#1.}" mod m
+        mkdir -p "$MUSTER_KUBE_BUILD"
+        (
+            cd "$MUSTER_KUBE_BUILD"
+            export GOFLAGS=-modcacherw
+            [ -f go.mod ] || go mod init local/kube-apiserver >/dev/null 2>&1
+            go mod download "k8s.io/kubernetes@v$KUBE_VERSION"
+            mod="$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/v$KUBE_VERSION.mod"
+            for m in $(awk '$2 == "=>" && $3 ~ /^\.\/staging\// { print $1 }' "$mod"); do
+                go mod edit -replace "$m=$m@v$staging"
+            done
+            go get "k8s.io/kubernetes/cmd/kube-apiserver@v$KUBE_VERSION" >/dev/null 2>&1
+            go build -trimpath -o kube-apiserver.tmp k8s.io/kubernetes/cmd/kube-apiserver
+            mv kube-apiserver.tmp kube-apiserver
+        )
+    fi
+    MUSTER_KUBE_APISERVER="$bin"
+    export MUSTER_KUBE_APISERVER
+}
+
 # Slurm and munge for tests/it/slurm.rs (scripts/slurm/cluster.sh runs a two-node cluster on this machine).
 ensure_slurm() {
     if command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1 \

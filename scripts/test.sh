@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5, nftables), then builds,
-# lints and runs every test. Usage: scripts/test.sh [extra cargo test args]
+# The one test command: sets up what the tests need (the cached torch venv, etcd 3.4 and 3.5, kube-apiserver,
+# nftables), then builds, lints and runs every test. Usage: scripts/test.sh [extra cargo test args]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -8,6 +8,8 @@ ensure_venv
 # etcd 3.4 and 3.5 for the etcd rendezvous tests: exports MUSTER_ETCD_34 and MUSTER_ETCD_35.
 ensure_etcd
 ensure_etcd35 >/dev/null
+# kube-apiserver for the Kubernetes rendezvous (built once from the Go module proxy): exports MUSTER_KUBE_APISERVER.
+ensure_kube_apiserver
 
 ensure_slurm
 

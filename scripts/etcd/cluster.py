@@ -221,19 +221,29 @@ def state_path(d):
     return os.path.join(d, "cluster.json")
 
 
+def read_state(path):
+    """A state file's JSON; OSError or ValueError when it is missing or torn (the caller says what it is)."""
+    with open(path) as f:
+        return json.load(f)
+
+
+def write_state(path, state):
+    """Replaces a state file at once (a reader never sees half of it)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=1)
+    os.replace(tmp, path)
+
+
 def load(d):
     try:
-        with open(state_path(d)) as f:
-            return json.load(f)
+        return read_state(state_path(d))
     except (OSError, ValueError) as e:
         raise ClusterError(f"no cluster in {d}: {e} (run `cluster.py start --dir {d}` first)") from e
 
 
 def save(d, cluster):
-    tmp = state_path(d) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(cluster, f, indent=1)
-    os.replace(tmp, state_path(d))
+    write_state(state_path(d), cluster)
 
 
 # ---------------------------------------------------------------- commands

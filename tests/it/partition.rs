@@ -13,7 +13,7 @@
 //! - a cut node healed in time comes back as a newcomer, appended after the survivors;
 //! - the same for an inbound-only cut (the node still sends) and a link that goes down;
 //! - with an external store, never two RANK=0 workers at once; with etcd, the leader's host cut changes
-//!   nothing;
+//!   nothing; with the Kubernetes API server as the store, a cut agent is fenced as with etcd;
 //! - 10% packet loss each way at the store's host for minutes, with the default keep-alive, evicts nobody;
 //! - a real gloo training job whose workers block in all_reduce when a member is cut re-forms within
 //!   membership_grace, spends no restart, and trains on;
@@ -36,6 +36,7 @@ mod gate;
 mod harness;
 mod inplace;
 mod job;
+mod k8s;
 mod loss;
 mod train;
 

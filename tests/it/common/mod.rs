@@ -1,6 +1,7 @@
 //! Shared helpers for driving the `muster` binary as a user does: real processes, real torch workers.
 #![allow(dead_code)] // the harnesses offer more than the tests use today
 
+pub mod apiserver;
 pub mod cluster;
 pub mod etcd;
 pub mod gate;

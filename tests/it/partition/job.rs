@@ -38,6 +38,8 @@ pub(crate) enum Rdzv {
     C10d(String),
     /// `--rdzv-backend etcd --rdzv-endpoint e1:2379,e2:2379,e3:2379`.
     Etcd(String),
+    /// `--rdzv-backend k8s --rdzv-endpoint KUBECONFIG`.
+    Kube(String),
 }
 
 /// One agent, on host `host`, named `h<host>` (its MUSTER_TEST_NODE).
@@ -123,6 +125,7 @@ impl<'n> Job<'n> {
         let (backend, endpoint) = match &self.rdzv {
             Rdzv::C10d(e) => ("c10d", e.clone()),
             Rdzv::Etcd(e) => ("etcd", e.clone()),
+            Rdzv::Kube(kubeconfig) => ("k8s", kubeconfig.clone()),
         };
         let mut conf = self.timings.conf();
         if !extra_conf.is_empty() {

@@ -1,0 +1,136 @@
+//! The Kubernetes rendezvous with real agents, real torch workers and a real kube-apiserver on loopback (in
+//! front of its own etcd): no pod is special, the control plane's restart restarts nothing, a service account
+//! without the Role fails at once, two jobs share a namespace without seeing each other, and a finished job
+//! leaves no object behind but its lemon memory.
+
+use crate::common;
+
+use std::path::Path;
+
+use common::apiserver::{KubeServer, User};
+use common::cluster::*;
+use common::*;
+
+/// Agents of one job on the API server, signed in as `user` with its kubeconfig.
+struct Job {
+    dir: tempfile::TempDir,
+    kubeconfig: String,
+    run_id: String,
+}
+
+impl Job {
+    fn new(server: &KubeServer, user: User, run_id: &str) -> Job {
+        let kubeconfig = server.kubeconfig(user).display().to_string();
+        Job { dir: tempfile::tempdir().unwrap(), kubeconfig, run_id: format!("{run_id}{}", std::process::id()) }
+    }
+
+    /// An agent running the test worker (tests/fixtures/elastic_worker.py), which records its starts.
+    fn agent(&self, node: &str, nnodes: &str) -> Agent {
+        let args = AgentArgs::rdzv("k8s", nnodes, &self.kubeconfig)
+            .nproc(2)
+            .run_id(&self.run_id)
+            .conf("keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=3")
+            .opts(["--max-restarts=0", "--shutdown-timeout=5"])
+            .script(fixture("elastic_worker.py"))
+            .arg(self.path())
+            .build();
+        Agent::start(node, &args)
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn finish(&self) {
+        std::fs::write(self.path().join("finish"), "").unwrap();
+    }
+}
+
+fn count(log: &str, needle: &str) -> usize {
+    log.lines().filter(|l| l.contains(needle)).count()
+}
+
+/// Two agents × two workers; b is SIGKILLed: a re-forms alone without spending a restart once b's heartbeats
+/// stop, and a new agent c joining scales the group back to four, again without a restart.
+#[test]
+fn an_agent_killed_the_other_reforms_and_a_new_one_joins_without_a_restart() {
+    let server = KubeServer::start();
+    let job = Job::new(&server, User::Agent, "k8skill");
+    let (a, b) = (job.agent("a", "1:2"), job.agent("b", "1:2"));
+    let four = wait_world(job.path(), 4, 4);
+    let lost: Vec<i32> = four.iter().filter(|s| s.node == "b").map(|s| s.pid).collect();
+    b.kill9();
+    let alone: Vec<Start> = wait_world(job.path(), 2, 2);
+    assert!(alone.iter().all(|s| s.node == "a" && s.restart_count == 0), "{alone:?}\n{}", a.log());
+    assert!(lost.iter().all(|p| !alive(*p)), "the killed agent's workers outlived it");
+    let mut agents = vec![a, job.agent("c", "1:2")];
+    let joined = || starts(job.path()).iter().filter(|s| s.node == "c").count() == 2;
+    assert!(eventually(LONG, joined), "c never started its workers: {}", agents[1].log());
+    let again: Vec<Start> = starts(job.path()).into_iter().filter(|s| s.world_size == 4).skip(4).collect();
+    assert!(again.iter().all(|s| s.restart_count == 0), "a membership change spent a restart: {again:?}");
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+    // The job's objects went with it, but the incidents of the node killed (its lemon memory).
+    let left = server.keys();
+    let prefix = format!("muster/{}/", job.run_id);
+    assert!(left.iter().all(|k| k.starts_with(&format!("{prefix}culprits/"))), "left behind: {left:?}");
+}
+
+/// The API server SIGKILLed and started again mid-training: the workers keep running (no worker starts
+/// again), each agent says the outage at most once, and the job finishes.
+#[test]
+fn the_api_server_restarted_mid_training_restarts_nothing() {
+    let server = KubeServer::start();
+    let job = Job::new(&server, User::Agent, "k8srestart");
+    let mut agents = vec![job.agent("a", "2"), job.agent("b", "2")];
+    let world = wait_world(job.path(), 4, 4);
+    server.restart();
+    // Heartbeats go through the restarted server again before anything ends.
+    let beats_again = || agents.iter().all(|a| count(&a.log(), "answers again") >= count(&a.log(), "does not answer"));
+    assert!(eventually(LONG, beats_again), "{}", agents[0].log());
+    job.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+        let log = a.log();
+        assert_eq!(count(&log, "re-forming"), 0, "{log}");
+        assert!(count(&log, "does not answer") <= 1, "the outage is said once: {log}");
+    }
+    assert_eq!(starts(job.path()).len(), world.len(), "a worker started again: {:?}", starts(job.path()));
+}
+
+/// A service account the Role was not bound to: one line naming the verb, the resource and the namespace,
+/// exit 2, no worker started.
+#[test]
+fn a_service_account_without_the_role_fails_at_start_with_one_line() {
+    let server = KubeServer::start();
+    let job = Job::new(&server, User::Nobody, "k8sdenied");
+    let mut agent = job.agent("a", "1");
+    assert_eq!(agent.exit_code(LONG), Some(2), "{}", agent.log());
+    let log = agent.log();
+    let errors: Vec<&str> = log.lines().filter(|l| l.starts_with("muster: error:")).collect();
+    assert_eq!(errors.len(), 1, "{log}");
+    assert!(errors[0].contains("leases.coordination.k8s.io") && errors[0].contains("namespace default"), "{log}");
+    assert!(starts(job.path()).is_empty(), "a worker started: {log}");
+}
+
+/// A second job (another id) in the same namespace runs beside the first: neither sees the other's members,
+/// and the first's workers neither restart nor change world.
+#[test]
+fn a_second_job_in_the_namespace_does_not_disturb_the_first() {
+    let server = KubeServer::start();
+    let first = Job::new(&server, User::Agent, "k8sfirst");
+    let mut agents = vec![first.agent("a", "2"), first.agent("b", "2")];
+    let world = wait_world(first.path(), 4, 4);
+    let second = Job::new(&server, User::Agent, "k8ssecond");
+    let mut other = second.agent("c", "1");
+    wait_world(second.path(), 2, 2);
+    second.finish();
+    assert_eq!(other.exit_code(LONG), Some(0), "{}", other.log());
+    first.finish();
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+    assert_eq!(starts(first.path()), world, "the first job's workers started again");
+}
