@@ -71,13 +71,28 @@ pub(super) fn max_connections(nodes: u32, host: Host) -> Result<usize, String> {
 /// one, unless it failed over, so `members` a node at most.
 pub(super) fn etcd_fits(nodes: u32, members: usize, host: Host) -> Result<(), String> {
     let per = members.max(1);
+    clients_fit(nodes, per, &format!("--backend etcd needs up to {} connections ({per} a node, one per member)", nodes as usize * per), host)
+}
+
+/// Connections a node of `--backend k8s` holds at most: kube-rs speaks HTTP/1.1, so each watch open at once
+/// is a connection (the round's keys, a prefix, a reaper's look), and one more carries the requests.
+pub(super) const KUBE_CONNECTIONS_PER_NODE: usize = 4;
+
+/// As [`etcd_fits`] for the API server's clients (the server, on this host or not, holds the other ends).
+pub(super) fn kube_fits(nodes: u32, host: Host) -> Result<(), String> {
+    let per = KUBE_CONNECTIONS_PER_NODE;
+    let needed = nodes as usize * per;
+    clients_fit(nodes, per, &format!("--backend k8s needs up to {needed} connections ({per} a node: its requests and watches)"), host)
+}
+
+/// Whether `nodes` clients of `per` connections each fit; `needs` says what they need, for the message.
+fn clients_fit(nodes: u32, per: usize, needs: &str, host: Host) -> Result<(), String> {
     let needed = nodes as usize * per;
     let cap = limits::connection_cap(host.open_files);
     if needed > cap {
         return Err(format!(
-            "--nodes {nodes} with --backend etcd needs up to {needed} connections ({per} a node, one per member): \
-             the open-file limit is {} and {} are kept for muster's own files, so at most {} nodes fit; raise the \
-             hard limit (ulimit -Hn) or use fewer nodes",
+            "--nodes {nodes} with {needs}: the open-file limit is {} and {} are kept for muster's own files, so at \
+             most {} nodes fit; raise the hard limit (ulimit -Hn) or use fewer nodes",
             host.open_files,
             limits::headroom(host.open_files),
             cap / per
@@ -85,8 +100,7 @@ pub(super) fn etcd_fits(nodes: u32, members: usize, host: Host) -> Result<(), St
     }
     match host.ephemeral_ports {
         Some(ports) if needed as u64 > ports => Err(format!(
-            "--nodes {nodes} with --backend etcd needs up to {needed} loopback connections, but {PORT_RANGE} \
-             allows {ports} local ports; widen it or use fewer nodes"
+            "--nodes {nodes} with {needs}, but {PORT_RANGE} allows {ports} local ports; widen it or use fewer nodes"
         )),
         _ => Ok(()),
     }

@@ -1,6 +1,7 @@
 //! The bench's own etcd for `--backend etcd` without `--etcd-endpoint`: a single member on loopback in a
 //! temporary data directory, a child killed (and its directory removed) when the run ends.
 
+#[cfg(test)]
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::Path;
@@ -10,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+use super::metrics::{self, ServerCounts};
 use super::BenchError;
 use crate::store::etcd::local::one_member;
 
@@ -71,23 +73,27 @@ impl EtcdProcess {
     }
 }
 
-/// etcd's own count of the requests it has received, by method (`Range`, `Txn`, `Watch`, …): the
-/// `grpc_server_msg_received_total` counters of its `/metrics`, one per unary call and one per message on a
-/// stream (a watcher created or cancelled, a progress request, a lease keepalive).
-/// `None` when it cannot be read (https, or metrics not served): the report then leaves the figure out.
+/// etcd's own count of the requests it has received, by method (`Range`, `Txn`, `Watch`, …), one per unary
+/// call and one per message on a stream (a watcher created or cancelled, a progress request, a lease
+/// keepalive). `None` when it cannot be read (https, or metrics not served).
+#[cfg(test)]
 pub(crate) async fn requests_handled(endpoint: &str) -> Option<BTreeMap<String, u64>> {
-    counted_by_method(endpoint, RECEIVED).await
+    Some(server_counts(endpoint).await?.requests_by_method)
+}
+
+/// etcd's counts for the bench's report ([`metrics::etcd`]); `None` as for [`requests_handled`]: the report
+/// then leaves the figures out.
+pub(super) async fn server_counts(endpoint: &str) -> Option<ServerCounts> {
+    Some(metrics::etcd(&metrics_text(endpoint).await?))
 }
 
 /// etcd's count of the calls it has begun, by method: one per unary call and one per stream opened.
 #[cfg(test)]
 pub(crate) async fn calls_started(endpoint: &str) -> Option<BTreeMap<String, u64>> {
-    counted_by_method(endpoint, "grpc_server_started_total").await
+    Some(metrics::summed(&metrics_text(endpoint).await?, "grpc_server_started_total", "grpc_method", &[]))
 }
 
-const RECEIVED: &str = "grpc_server_msg_received_total";
-
-async fn counted_by_method(endpoint: &str, metric: &str) -> Option<BTreeMap<String, u64>> {
+async fn metrics_text(endpoint: &str) -> Option<String> {
     // reqwest builds a TLS set-up even for http, on the process's crypto provider (installed once: a later
     // call changes nothing).
     let _ = rustls::crypto::ring::default_provider().install_default();
@@ -96,40 +102,5 @@ async fn counted_by_method(endpoint: &str, metric: &str) -> Option<BTreeMap<Stri
     if !response.status().is_success() {
         return None;
     }
-    Some(summed_by_method(&response.text().await.ok()?, metric))
-}
-
-/// The sum of counter `metric` by `grpc_method` (over services and types) in Prometheus text.
-fn summed_by_method(text: &str, metric: &str) -> BTreeMap<String, u64> {
-    let mut by_method = BTreeMap::new();
-    for line in text.lines() {
-        let Some(rest) = line.strip_prefix(metric).and_then(|r| r.strip_prefix('{')) else { continue };
-        let Some((labels, value)) = rest.rsplit_once("} ") else { continue };
-        let method = labels.split(',').find_map(|l| l.strip_prefix("grpc_method=\"")?.strip_suffix('"'));
-        // Counters are printed as floats ("1e+06" past a million).
-        let count = value.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v >= 0.0);
-        if let (Some(method), Some(count)) = (method, count) {
-            *by_method.entry(method.to_string()).or_insert(0) += count as u64;
-        }
-    }
-    by_method
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn received_requests_are_summed_by_method_and_anything_else_is_left_out() {
-        let text = "# HELP grpc_server_msg_received_total Total number of RPC stream messages received on the server.\n\
-            grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 12\n\
-            grpc_server_msg_received_total{grpc_method=\"Range\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 3\n\
-            grpc_server_msg_received_total{grpc_method=\"Txn\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 1.5e+06\n\
-            grpc_server_msg_received_total{grpc_method=\"Put\",grpc_service=\"etcdserverpb.KV\",grpc_type=\"unary\"} 0\n\
-            grpc_server_msg_received_total{grpc_service=\"etcdserverpb.KV\"} 7\n\
-            grpc_server_msg_received_total{grpc_method=\"Watch\"} NaN\n\
-            grpc_server_handled_total{grpc_code=\"OK\",grpc_method=\"Range\"} 99\n";
-        let expected = [("Put", 0), ("Range", 15), ("Txn", 1_500_000)];
-        assert_eq!(summed_by_method(text, RECEIVED), expected.map(|(m, n)| (m.to_string(), n)).into_iter().collect());
-    }
+    response.text().await.ok()
 }

@@ -10,17 +10,22 @@
 //!
 //! `--backend etcd` runs the same nodes against etcd v3 instead, each with its own [`EtcdStore`] (its own HTTP
 //! connections, lease and watches, as an agent's), under a namespace of this run's own: an etcd named with
-//! `--etcd-endpoint`, or a single member the bench starts on loopback and stops.
+//! `--etcd-endpoint`, or a single member the bench starts on loopback and stops. `--backend k8s` runs them
+//! against the Kubernetes API server a `--kubeconfig` reaches, each node with its own [`KubeStore`] (its
+//! own client and session Lease), under a run id of this run's own. Where the server's metrics can be
+//! read, the report adds its own counts: requests, writes and watch events per node.
 //!
 //! [`Rendezvous::register`]: crate::rendezvous::Rendezvous::register
 //! [`Rendezvous::next_round`]: crate::rendezvous::Rendezvous::next_round
 //! [`RemoteStore`]: crate::store::remote::RemoteStore
 //! [`EtcdStore`]: crate::store::etcd::EtcdStore
+//! [`KubeStore`]: crate::store::k8s::KubeStore
 
 mod backend;
 mod capacity;
 mod counting;
 pub(crate) mod etcd;
+mod metrics;
 mod report;
 mod server;
 mod sim;
@@ -79,7 +84,8 @@ pub struct RendezvousArgs {
     /// Print the result as one JSON object instead of the summary line.
     #[arg(long)]
     pub json: bool,
-    /// The rendezvous store: muster's own (a `muster store` child on loopback) or etcd v3.
+    /// The rendezvous store: muster's own (a `muster store` child on loopback), etcd v3, or the Kubernetes
+    /// API server (`k8s`).
     #[arg(long, value_enum, default_value_t = Backend::Tcp)]
     backend: Backend,
     /// With --backend etcd: the etcd members to use (host:port[,host:port...]); without it the bench starts a
@@ -89,12 +95,20 @@ pub struct RendezvousArgs {
     /// With --backend etcd and no --etcd-endpoint: the etcd binary to start (default: `etcd` on PATH).
     #[arg(long, value_name = "PATH")]
     etcd_binary: Option<PathBuf>,
+    /// With --backend k8s (needed): the kubeconfig of the API server and user (its current context). With
+    /// `get` on the `/metrics` URL the report adds the server's own counts.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// With --backend k8s: the namespace of the run's Leases (default: the kubeconfig context's).
+    #[arg(long, value_name = "NAME")]
+    namespace: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 enum Backend {
     Tcp,
     Etcd,
+    K8s,
 }
 
 /// Why a benchmark could not run or did not complete.
@@ -108,6 +122,8 @@ pub enum BenchError {
     StoreProcess(String),
     #[error("etcd: {0}")]
     Etcd(StoreError),
+    #[error("the Kubernetes API server: {0}")]
+    Kube(StoreError),
     #[error("node {node}: cannot connect to the store: {source}")]
     Connect { node: u32, source: StoreError },
     #[error("node {node}: {source}")]
@@ -155,7 +171,8 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
 
     let runtime = crate::runtime::build(crate::runtime::Threads::PerCore).map_err(BenchError::Runtime)?;
     let settings = Settings {
-        run_id: "bench".into(),
+        // A run of its own: on a server the runs share (the API server), no run sees another's keys.
+        run_id: run_id(),
         min_nodes: min,
         max_nodes: max,
         join_timeout: timeout,
@@ -184,10 +201,28 @@ pub fn bench_rendezvous(args: &RendezvousArgs) -> Result<Report, BenchError> {
     outcome
 }
 
+/// `bench-PID-MILLIS`: the run's keys apart from any other run's.
+fn run_id() -> String {
+    let ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    format!("bench-{}-{ms}", std::process::id())
+}
+
 /// The store the command line asks for, checked before anything starts: the etcd flags go with
-/// `--backend etcd` only, and the host must hold the nodes' connections.
+/// `--backend etcd` only, the kubeconfig with `--backend k8s`, and the host must hold the nodes' connections.
 fn store_plan(args: &RendezvousArgs, host: capacity::Host) -> Result<StorePlan, BenchError> {
     let (nodes, endpoint, binary) = (args.nodes, args.etcd_endpoint.as_deref(), args.etcd_binary.as_ref());
+    let kube_flag = if args.kubeconfig.is_some() { Some("--kubeconfig") } else { args.namespace.as_ref().map(|_| "--namespace") };
+    if let (Some(flag), false) = (kube_flag, args.backend == Backend::K8s) {
+        return Err(BenchError::Usage(format!("{flag} needs --backend k8s")));
+    }
+    if args.backend == Backend::K8s {
+        if endpoint.is_some() || binary.is_some() {
+            return Err(BenchError::Usage("--etcd-endpoint and --etcd-binary need --backend etcd".into()));
+        }
+        let kubeconfig = args.kubeconfig.clone().ok_or_else(|| BenchError::Usage("--backend k8s needs --kubeconfig PATH".into()))?;
+        capacity::kube_fits(nodes, host).map_err(BenchError::Usage)?;
+        return Ok(StorePlan::Kube { kubeconfig, namespace: args.namespace.clone() });
+    }
     if args.backend == Backend::Tcp {
         return match (endpoint, binary) {
             (None, None) => Ok(StorePlan::Tcp {

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::backend::Connect;
 use super::counting::{Op, OpCounts};
+use super::metrics::ServerCounts;
 use crate::rendezvous::{RoundInfo, Settings};
 
 /// The bench's phases, counted apart.
@@ -32,18 +33,19 @@ impl Phase {
     }
 }
 
-/// Every node's store operations by kind and (etcd) etcd's requests by method, at one moment or between two.
+/// Every node's store operations by kind and (etcd, the API server) the server's own counts, at one moment
+/// or between two.
 #[derive(Debug, Clone, Default, Serialize)]
 pub(super) struct PhaseCounts {
     ops_by_kind: BTreeMap<&'static str, u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    etcd_requests_by_method: Option<BTreeMap<String, u64>>,
+    server: Option<ServerCounts>,
 }
 
 impl PhaseCounts {
     pub(super) async fn read(connect: &Connect, counts: &[Arc<OpCounts>]) -> PhaseCounts {
         let ops_by_kind = Op::ALL.iter().map(|&op| (op.name(), counts.iter().map(|c| c.get(op)).sum())).collect();
-        PhaseCounts { ops_by_kind, etcd_requests_by_method: connect.etcd_requests().await }
+        PhaseCounts { ops_by_kind, server: connect.server_counts().await }
     }
 
     /// What happened between `earlier` and this reading (kinds that did not occur left out).
@@ -54,24 +56,30 @@ impl PhaseCounts {
             .map(|(&k, &n)| (k, n.saturating_sub(earlier.ops_by_kind.get(k).copied().unwrap_or(0))))
             .filter(|&(_, n)| n > 0)
             .collect();
-        let etcd = match (&self.etcd_requests_by_method, &earlier.etcd_requests_by_method) {
-            (Some(now), Some(then)) => Some(
-                now.iter()
-                    .map(|(m, &n)| (m.clone(), n.saturating_sub(then.get(m).copied().unwrap_or(0))))
-                    .filter(|&(_, n)| n > 0)
-                    .collect(),
-            ),
+        let server = match (&self.server, &earlier.server) {
+            (Some(now), Some(then)) => Some(now.since(then)),
             _ => None,
         };
-        PhaseCounts { ops_by_kind, etcd_requests_by_method: etcd }
+        PhaseCounts { ops_by_kind, server }
     }
 
     fn ops(&self) -> u64 {
         self.ops_by_kind.values().sum()
     }
+}
 
-    fn etcd_requests(&self) -> Option<u64> {
-        self.etcd_requests_by_method.as_ref().map(|m| m.values().sum())
+/// The server's counts shared among `nodes` (over `secs` seconds: per second).
+#[derive(Debug, Serialize)]
+struct ServerShare {
+    requests: f64,
+    writes: f64,
+    watch_events: f64,
+}
+
+impl ServerShare {
+    fn of(counts: &ServerCounts, nodes: f64, secs: f64) -> ServerShare {
+        let share = |n: u64| n as f64 / nodes / secs;
+        ServerShare { requests: share(counts.requests()), writes: share(counts.writes()), watch_events: share(counts.watch_events) }
     }
 }
 
@@ -82,7 +90,7 @@ struct PhaseReport {
     counts: PhaseCounts,
     ops_per_node: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    etcd_requests_per_node: Option<f64>,
+    server_per_node: Option<ServerShare>,
 }
 
 /// The steady window: what a training node costs the store each second.
@@ -91,7 +99,7 @@ struct SteadyReport {
     seconds: f64,
     store_ops_per_node_per_s: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    etcd_requests_per_node_per_s: Option<f64>,
+    server_per_node_per_s: Option<ServerShare>,
 }
 
 #[derive(Debug, Serialize)]
@@ -103,7 +111,8 @@ struct OpsSummary {
 /// The benchmark's result, printed as a summary line or as JSON.
 #[derive(Debug, Serialize)]
 pub struct Report {
-    /// The store the nodes used: `muster store`, or `etcd VERSION at ENDPOINTS`.
+    /// The store the nodes used: `muster store`, `etcd VERSION at ENDPOINTS`, or `Kubernetes API server at
+    /// URL (namespace NS)`.
     store: String,
     nodes: u32,
     min: u32,
@@ -129,13 +138,13 @@ pub struct Report {
     written_bytes_per_node: OpsSummary,
     /// All nodes' operations by kind until they had their round.
     ops_by_kind: BTreeMap<&'static str, u64>,
-    /// etcd only: the requests etcd received while the round formed (register and join; its own count,
-    /// from its metrics: a unary call or a message on a stream), a node's share and by method.
+    /// etcd and the API server: what the server counted itself while the round formed (register and join:
+    /// requests, writes and watch events from its metrics), a node's share and the whole.
     #[serde(skip_serializing_if = "Option::is_none")]
-    etcd_requests_per_node: Option<f64>,
+    server_per_node: Option<ServerShare>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    etcd_requests_by_method: Option<BTreeMap<String, u64>>,
-    /// Each phase's store operations by kind and etcd requests by method.
+    server: Option<ServerCounts>,
+    /// Each phase's store operations by kind and the server's counts.
     phases: BTreeMap<&'static str, PhaseReport>,
     /// With `--steady`: the steady window's load.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -156,11 +165,13 @@ impl Report {
         } else {
             format!("CHECK FAILED: {}", self.problems.join("; "))
         };
-        let etcd = self.etcd_requests_per_node.map_or(String::new(), |n| format!("etcd requests/node {n:.1}; "));
+        let server = self.server_per_node.as_ref().map_or(String::new(), |s| {
+            format!("server requests/node {:.1} (writes {:.1}), watch events/node {:.1}; ", s.requests, s.writes, s.watch_events)
+        });
         format!(
             "rendezvous {} nodes (min {}, max {}, nproc {}) on {}: all sealed in {:.1} ms (connect+register {:.1} ms, \
              join {:.1} ms, per node p50 {:.1} ms p99 {:.1} ms); store ops/node mean {:.1} max {} (join: mean {:.1} \
-             max {}); read/node mean {:.1} KiB; {etcd}{check}",
+             max {}); read/node mean {:.1} KiB; {server}{check}",
             self.nodes,
             self.min,
             self.max,
@@ -179,35 +190,34 @@ impl Report {
         )
     }
 
-    /// Adds each phase's counts; the round's etcd requests are those of registering and joining.
+    /// Adds each phase's counts; the round's server counts are those of registering and joining.
     pub(super) fn with_phases(mut self, phases: Vec<(Phase, PhaseCounts)>, steady: Duration) -> Report {
         let nodes = f64::from(self.nodes.max(1));
-        let mut round: Option<BTreeMap<String, u64>> = None;
+        let mut round: Option<ServerCounts> = None;
         self.ops_by_kind.clear();
         for (phase, counts) in phases {
             if phase != Phase::Steady {
                 counts.ops_by_kind.iter().for_each(|(&k, n)| *self.ops_by_kind.entry(k).or_insert(0) += n);
-                if let Some(by_method) = &counts.etcd_requests_by_method {
-                    let total = round.get_or_insert_with(BTreeMap::new);
-                    by_method.iter().for_each(|(m, n)| *total.entry(m.clone()).or_insert(0) += n);
+                if let Some(server) = &counts.server {
+                    round.get_or_insert_with(ServerCounts::default).add(server);
                 }
             } else {
                 let secs = steady.as_secs_f64().max(f64::MIN_POSITIVE);
                 self.steady = Some(SteadyReport {
                     seconds: steady.as_secs_f64(),
                     store_ops_per_node_per_s: counts.ops() as f64 / nodes / secs,
-                    etcd_requests_per_node_per_s: counts.etcd_requests().map(|n| n as f64 / nodes / secs),
+                    server_per_node_per_s: counts.server.as_ref().map(|s| ServerShare::of(s, nodes, secs)),
                 });
             }
             let report = PhaseReport {
                 ops_per_node: counts.ops() as f64 / nodes,
-                etcd_requests_per_node: counts.etcd_requests().map(|n| n as f64 / nodes),
+                server_per_node: counts.server.as_ref().map(|s| ServerShare::of(s, nodes, 1.0)),
                 counts,
             };
             self.phases.insert(phase.name(), report);
         }
-        self.etcd_requests_per_node = round.as_ref().map(|m| m.values().sum::<u64>() as f64 / nodes);
-        self.etcd_requests_by_method = round;
+        self.server_per_node = round.as_ref().map(|s| ServerShare::of(s, nodes, 1.0));
+        self.server = round;
         self
     }
 }
@@ -271,7 +281,7 @@ pub(super) fn make_report<K>(
         min: settings.min_nodes,
         max: settings.max_nodes,
         nproc,
-        // The pause between the phases (reading etcd's counters) is left out.
+        // The pause between the phases (reading the server's counters) is left out.
         total_ms: ms(last_registered - start) + ms(last_sealed.saturating_duration_since(released)),
         register_ms: ms(last_registered - start),
         join_ms: ms(last_sealed.saturating_duration_since(released)),
@@ -284,8 +294,8 @@ pub(super) fn make_report<K>(
         read_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_read.load(Ordering::Relaxed))),
         written_bytes_per_node: summarize(&mut counts.iter().map(|c| c.bytes_written.load(Ordering::Relaxed))),
         ops_by_kind,
-        etcd_requests_per_node: None,
-        etcd_requests_by_method: None,
+        server_per_node: None,
+        server: None,
         phases: BTreeMap::new(),
         steady: None,
         problems: check_round(nodes, nproc, outcomes),

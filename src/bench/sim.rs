@@ -78,7 +78,7 @@ pub(super) async fn simulate(plan: Plan, settings: Settings, connect: &Arc<Conne
         tasks.spawn(async move {
             // Never closed, so acquiring cannot fail; a permit is held until the HELLO is answered.
             let permit = connecting.acquire().await;
-            let store = connect.connect(timeout).await.map_err(|source| BenchError::Connect { node, source })?;
+            let store = connect.connect(&me.id, timeout).await.map_err(|source| BenchError::Connect { node, source })?;
             drop(permit);
             let counting = CountingStore { inner: store, counts: node_counts.clone() };
             let mut rendezvous = Rendezvous::new(counting, settings, me, fingerprint);

@@ -29,6 +29,10 @@ fn the_backend_and_its_etcd_flags_are_checked_before_anything_starts() {
     };
     assert_eq!(target.endpoints, ["127.0.0.1:2379", "h2:2379"]);
     assert_eq!((target.tls, target.namespace.as_str()), (None, "/"));
+    assert_eq!(
+        plan("--nodes 64 --backend k8s --kubeconfig /k/config --namespace train"),
+        Ok(StorePlan::Kube { kubeconfig: "/k/config".into(), namespace: Some("train".into()) })
+    );
 
     for (line, needle) in [
         ("--nodes 64 --etcd-endpoint h:1", "--etcd-endpoint needs --backend etcd"),
@@ -40,6 +44,11 @@ fn the_backend_and_its_etcd_flags_are_checked_before_anything_starts() {
             "--nodes 7000 --backend etcd --etcd-endpoint a:1,b:1,c:1",
             "--nodes 7000 with --backend etcd needs up to 21000 connections (3 a node, one per member)",
         ),
+        ("--nodes 64 --kubeconfig k", "--kubeconfig needs --backend k8s"),
+        ("--nodes 64 --backend etcd --namespace n", "--namespace needs --backend k8s"),
+        ("--nodes 64 --backend k8s", "--backend k8s needs --kubeconfig PATH"),
+        ("--nodes 64 --backend k8s --kubeconfig k --etcd-binary etcd", "need --backend etcd"),
+        ("--nodes 5000 --backend k8s --kubeconfig k", "--nodes 5000 with --backend k8s needs up to 20000 connections (4 a node"),
     ] {
         match plan(line) {
             Err(e) => assert!(e.contains(needle), "{line}: {e}"),
@@ -47,7 +56,7 @@ fn the_backend_and_its_etcd_flags_are_checked_before_anything_starts() {
         }
     }
     let unknown = BenchArgs::try_parse_from(["muster bench", "rendezvous", "--nodes", "8", "--backend", "redis"]);
-    assert!(unknown.is_err_and(|e| e.to_string().contains("[possible values: tcp, etcd]")));
+    assert!(unknown.is_err_and(|e| e.to_string().contains("[possible values: tcp, etcd, k8s]")));
 }
 
 /// What `--json` prints, as a user's script reads it.
@@ -68,8 +77,9 @@ fn assert_a_sealed_round_of_8(report: &serde_json::Value, store: &str) {
     assert!(ops > 0.0 && join_ops <= ops, "{report}");
     assert!(report["ops_by_kind"]["set_session"].as_u64().is_some_and(|n| n >= 8), "{report}");
     // etcd's own count: every store operation is at least one request.
-    assert!(report["etcd_requests_per_node"].as_f64().is_some_and(|n| n >= ops), "{report}");
-    assert!(report["etcd_requests_by_method"]["Txn"].as_u64().is_some_and(|n| n > 0), "{report}");
+    assert!(report["server_per_node"]["requests"].as_f64().is_some_and(|n| n >= ops), "{report}");
+    assert!(report["server"]["requests_by_method"]["Txn"].as_u64().is_some_and(|n| n > 0), "{report}");
+    assert!(report["server_per_node"]["writes"].as_f64().is_some_and(|n| n > 0.0), "{report}");
 }
 
 #[test]
