@@ -168,7 +168,7 @@ def check(root):
     with tempfile.TemporaryDirectory() as tmp:
         for path in sorted((root / "packaging/k8s").glob("*.yaml")):
             docs = [d for d in yaml.safe_load_all(path.read_text()) if d]
-            custom = [d for d in docs if not d["apiVersion"].startswith(("v1", "batch/", "apps/"))]
+            custom = [d for d in docs if not d["apiVersion"].startswith(("v1", "batch/", "apps/", "rbac.authorization.k8s.io/"))]
             if len(custom) < len(docs):
                 kubernetes_validate(path, errors)
             for doc in custom:
@@ -183,6 +183,51 @@ def check(root):
                     volcano = doc["apiVersion"].startswith("batch.volcano.sh/")
                     outcome = volcano_outcome if volcano else outcomes[doc["kind"]]
                     errors += policy_errors(path.name, doc["kind"], lambda c: outcome(doc["spec"], c), table)
+                    errors += rendezvous_errors(path.name, doc)
+    errors += rbac_errors(root)
+    return errors
+
+
+def pod_templates(doc):
+    if doc["kind"] == "Job" and doc["apiVersion"].startswith("batch/"):
+        return [doc["spec"]["template"]]
+    return custom_resource(doc, [], "")
+
+
+def rendezvous_errors(name, doc):
+    """Every pod of a training manifest meets its peers in the API server, as the service account muster."""
+    errors = []
+    for t in pod_templates(doc):
+        container = next(c for c in t["spec"]["containers"] if c["name"] == muster_container(t))
+        if "--rdzv-backend=k8s" not in container.get("args", []):
+            errors.append(f"{name}: the muster container's args lack --rdzv-backend=k8s")
+        if t["spec"].get("serviceAccountName") != "muster":
+            errors.append(f"{name}: the pod template's serviceAccountName is not muster (rbac.yaml binds that one)")
+    return errors
+
+
+def rbac_errors(root):
+    """rbac.yaml's Role grants on Leases exactly the verbs the store checks for at start (src/store/k8s/access.rs),
+    and its RoleBinding gives that Role to the service account muster."""
+    source = (root / "src/store/k8s/access.rs").read_text()
+    found = re.search(r"pub const VERBS: \[&str; \d+\] = \[([^\]]*)\]", source)
+    if not found:
+        return ["src/store/k8s/access.rs: no VERBS constant to check rbac.yaml's Role against"]
+    verbs = set(re.findall(r'"([a-z]+)"', found.group(1)))
+    docs = {d["kind"]: d for d in yaml.safe_load_all((root / "packaging/k8s/rbac.yaml").read_text()) if d}
+    errors = []
+    role, binding = docs.get("Role"), docs.get("RoleBinding")
+    if role is None or binding is None or "ServiceAccount" not in docs:
+        return ["rbac.yaml: a ServiceAccount, a Role and a RoleBinding are expected"]
+    rules = role.get("rules", [])
+    wanted = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": sorted(verbs)}]
+    if [{**r, "verbs": sorted(r.get("verbs", []))} for r in rules] != wanted:
+        errors.append(f"rbac.yaml: the Role must grant exactly {wanted} (the store's verbs), it grants {rules}")
+    subjects = [(s.get("kind"), s.get("name")) for s in binding.get("subjects", [])]
+    if subjects != [("ServiceAccount", docs["ServiceAccount"]["metadata"]["name"])]:
+        errors.append(f"rbac.yaml: the RoleBinding binds {subjects}, not the ServiceAccount it defines")
+    if binding.get("roleRef", {}).get("name") != role["metadata"]["name"]:
+        errors.append("rbac.yaml: the RoleBinding refers to another Role")
     return errors
 
 
@@ -207,7 +252,8 @@ def main():
     if errors:
         sys.exit(1)
     print("packaging/k8s: schemas valid; exit-code policies match docs/exit-codes.md (PyTorchJob's known gaps: "
-          "3, 75 and the signals other than 130, 137, 138 and 143 fail the job)")
+          "3, 75 and the signals other than 130, 137, 138 and 143 fail the job); every pod meets its peers in the "
+          "API server as the service account rbac.yaml binds, whose Role grants the store's verbs and no more")
 
 
 if __name__ == "__main__":
