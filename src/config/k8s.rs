@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::rdzv::RdzvConf;
+use super::RdzvConf;
 use super::{bad, ConfigError};
 use crate::store::k8s::{Credentials, KubeOptions};
 

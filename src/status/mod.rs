@@ -17,6 +17,7 @@ use crate::config::token::{self, TOKEN_ENV};
 use crate::config::{self, RdzvConf};
 use crate::rendezvous::{read_view, readmit, unix_ms, RdzvError};
 use crate::store::etcd::{EtcdOptions, EtcdStore};
+use crate::store::k8s::{KubeOptions, KubeStore};
 use crate::store::remote::RemoteStore;
 use crate::store::{Store, StoreError};
 
@@ -29,19 +30,19 @@ pub use snapshot::{JobPhase, NodeState, Readmitted, Row, Snapshot};
 #[command(name = "muster status")]
 pub struct StatusArgs {
     /// The job's rendezvous endpoint, host[:port], as the agents were given it (port default: 29400;
-    /// etcd: host:port[,host:port...], port default 2379).
+    /// etcd: host:port[,host:port...], port default 2379; k8s: a kubeconfig, or empty as kubectl reads one).
     #[arg(long = "rdzv-endpoint", alias = "rdzv_endpoint")]
     rdzv_endpoint: Option<String>,
     /// The job's run id (the agents' --rdzv-id).
     #[arg(long = "rdzv-id", alias = "rdzv_id")]
     rdzv_id: Option<String>,
-    /// The agents' rendezvous backend: c10d, static (the store on MASTER_ADDR:MASTER_PORT), or etcd
-    /// (etcd-v2 and etcd-v3 name it too).
+    /// The agents' rendezvous backend: c10d, static (the store on MASTER_ADDR:MASTER_PORT), etcd
+    /// (etcd-v2 and etcd-v3 name it too), or k8s (kubernetes), the API server.
     #[arg(
         long = "rdzv-backend",
         alias = "rdzv_backend",
         default_value = "c10d",
-        value_parser = ["c10d", "static", "etcd", "etcd-v2", "etcd-v3"]
+        value_parser = ["c10d", "static", "etcd", "etcd-v2", "etcd-v3", "k8s", "kubernetes"]
     )]
     rdzv_backend: String,
     /// The agents' --rdzv-conf, as they were given it: etcd's protocol, cacert, cert, key and etcd_prefix,
@@ -138,6 +139,7 @@ enum Backend {
     /// muster's TCP store (c10d, static).
     Tcp { host: String, port: u16, token: Vec<u8> },
     Etcd(EtcdOptions),
+    Kube(KubeOptions),
 }
 
 /// The flags checked: one line naming the first that is missing or bad. `env` reads the environment (the
@@ -145,7 +147,8 @@ enum Backend {
 pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result<Target, String> {
     let missing = || "'--rdzv-endpoint' is missing or empty: give the job's rendezvous endpoint as host[:port]".to_string();
     let endpoint = args.rdzv_endpoint.as_deref().unwrap_or_default().trim();
-    if endpoint.is_empty() {
+    let kube = matches!(args.rdzv_backend.as_str(), "k8s" | "kubernetes");
+    if endpoint.is_empty() && !kube {
         return Err(missing());
     }
     let run_id = match args.rdzv_id.as_deref().map(str::trim) {
@@ -159,6 +162,12 @@ pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result
             let credentials = config::etcd::credentials(env).map_err(|e| e.to_string())?;
             let options = EtcdOptions { request_timeout: args.timeout, ..config::etcd::options(&etcd, credentials, &conf) };
             (etcd.endpoints.join(","), Backend::Etcd(options))
+        }
+        "k8s" | "kubernetes" => {
+            let target = config::k8s::target(endpoint, &conf).map_err(|e| e.to_string())?;
+            let options = KubeOptions { request_timeout: args.timeout, ..config::k8s::options(&target, &run_id, "status", 1, &conf) };
+            let shown = if endpoint.is_empty() { "the Kubernetes API server".to_string() } else { format!("the Kubernetes API server of {endpoint}") };
+            (shown, Backend::Kube(options))
         }
         backend => {
             let (host, port) = config::parse_endpoint(endpoint).map_err(|e| e.to_string())?;
@@ -192,6 +201,11 @@ pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
         Backend::Etcd(options) => {
             // Reads only, so no lease is granted; dropping the handle leaves etcd as it was.
             let store = EtcdStore::connect(options, t.timeout).await.map_err(store_error)?;
+            return tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?;
+        }
+        Backend::Kube(options) => {
+            // Reads only: its session object is made at a first session write, which never comes.
+            let store = KubeStore::connect(options, t.timeout).await.map_err(store_error)?;
             return tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?;
         }
     };
@@ -311,7 +325,7 @@ mod tests {
         let (flag, conf) = (file("flag", "t1\n"), file("conf", "t2"));
         let token = |args: &[&str]| match target_of(args).unwrap().backend {
             Backend::Tcp { token, .. } => token,
-            Backend::Etcd(_) => panic!("a TCP target"),
+            Backend::Etcd(_) | Backend::Kube(_) => panic!("a TCP target"),
         };
         let conf = format!("token_file={conf},join_timeout=5");
         assert_eq!(token(&["--rdzv-endpoint", "h", "--rdzv-id", "j", "--rdzv-conf", &conf]), b"t2");

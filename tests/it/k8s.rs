@@ -123,6 +123,15 @@ fn a_second_job_in_the_namespace_does_not_disturb_the_first() {
     let first = Job::new(&server, User::Agent, "k8sfirst");
     let mut agents = vec![first.agent("a", "2"), first.agent("b", "2")];
     let world = wait_world(first.path(), 4, 4);
+    // `muster status` reads the job from the API server as from any store.
+    let status = run(
+        muster().args(["status", "--rdzv-backend", "k8s", "--rdzv-endpoint", &first.kubeconfig, "--rdzv-id", &first.run_id])
+            .args(["--format", "json"]),
+        LONG,
+    );
+    let shown: serde_json::Value = serde_json::from_str(&status.stdout).unwrap_or_else(|e| panic!("{e}: {}{}", status.stdout, status.stderr));
+    let members = shown["nodes"].as_array().map_or(0, |n| n.iter().filter(|r| !r["group_rank"].is_null()).count());
+    assert_eq!(members, 2, "{shown}");
     let second = Job::new(&server, User::Agent, "k8ssecond");
     let mut other = second.agent("c", "1");
     wait_world(second.path(), 2, 2);
