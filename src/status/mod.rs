@@ -201,12 +201,12 @@ pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
         Backend::Etcd(options) => {
             // Reads only, so no lease is granted; dropping the handle leaves etcd as it was.
             let store = EtcdStore::connect(options, t.timeout).await.map_err(store_error)?;
-            return tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?;
+            return within(deadline, &store, t).await;
         }
         Backend::Kube(options) => {
             // Reads only: its session object is made at a first session write, which never comes.
             let store = KubeStore::connect(options, t.timeout).await.map_err(store_error)?;
-            return tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?;
+            return within(deadline, &store, t).await;
         }
     };
     let not_found = || std::io::Error::new(std::io::ErrorKind::NotFound, "no address found");
@@ -216,7 +216,13 @@ pub async fn connect_and_show(t: &Target) -> Result<Snapshot, StatusError> {
         .and_then(|mut a| a.next().ok_or_else(not_found))
         .map_err(|source| store_error(StoreError::Resolve { host: host.clone(), source }))?;
     let store = RemoteStore::connect(addr, token, left(), left()).await.map_err(store_error)?;
-    tokio::time::timeout_at(deadline, readmit_and_show(&store, t)).await.map_err(|_| no_answer())?
+    within(deadline, &store, t).await
+}
+
+/// [`readmit_and_show`] on `store`, cut at `deadline`.
+async fn within<S: Store>(deadline: tokio::time::Instant, store: &S, t: &Target) -> Result<Snapshot, StatusError> {
+    let shown = tokio::time::timeout_at(deadline, readmit_and_show(store, t)).await;
+    shown.map_err(|_| StatusError::NoAnswer { endpoint: t.endpoint.clone(), timeout: t.timeout })?
 }
 
 /// `--readmit HOST` first (the one write `muster status` makes), then the job.
