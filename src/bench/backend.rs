@@ -146,7 +146,7 @@ async fn kube(
         job: format!("{}{}/", crate::rendezvous::KEY_PREFIX, settings.run_id),
         session_key: None,
         holder: "bench".into(),
-        lease_ttl: (settings.keep_alive_interval * settings.keep_alive_max_attempt).max(Duration::from_secs(2)),
+        lease_ttl: crate::config::session_ttl(settings.keep_alive_interval, settings.keep_alive_max_attempt),
         request_timeout: settings.store_timeout,
         peers: settings.max_nodes,
     };
@@ -170,7 +170,7 @@ fn etcd_options(
         tls,
         credentials,
         namespace: format!("{namespace}muster-bench/{}-{stamp}/", std::process::id()),
-        lease_ttl: (settings.keep_alive_interval * settings.keep_alive_max_attempt).max(Duration::from_secs(2)),
+        lease_ttl: crate::config::session_ttl(settings.keep_alive_interval, settings.keep_alive_max_attempt),
         request_timeout: settings.store_timeout,
     }
 }

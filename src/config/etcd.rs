@@ -7,7 +7,6 @@
 //! never the command line (which every user of the machine can read).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::{bad, parse_endpoint, ConfigError, EtcdProtocol, RdzvConf};
 use crate::store::etcd::{Credentials, EtcdOptions, TlsFiles};
@@ -70,7 +69,7 @@ pub fn options(target: &EtcdTarget, credentials: Option<Credentials>, rdzv: &Rdz
         tls: target.tls.clone(),
         credentials,
         namespace: target.namespace.clone(),
-        lease_ttl: (rdzv.keep_alive_interval * rdzv.keep_alive_max_attempt).max(Duration::from_secs(2)),
+        lease_ttl: super::session_ttl(rdzv.keep_alive_interval, rdzv.keep_alive_max_attempt),
         request_timeout: rdzv.read_timeout,
     }
 }

@@ -4,7 +4,6 @@
 //! the kubeconfig context's).
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::RdzvConf;
 use super::{bad, ConfigError};
@@ -56,7 +55,7 @@ pub fn options(target: &KubeTarget, run_id: &str, node_id: &str, max_nodes: u32,
         session_key: Some(format!("{job}hb/{node_id}")),
         job,
         holder: node_id.to_string(),
-        lease_ttl: (rdzv.keep_alive_interval * rdzv.keep_alive_max_attempt).max(Duration::from_secs(2)),
+        lease_ttl: super::session_ttl(rdzv.keep_alive_interval, rdzv.keep_alive_max_attempt),
         request_timeout: rdzv.read_timeout,
         peers: max_nodes,
     }
@@ -89,7 +88,7 @@ mod tests {
         let o = options(&t, "job1", "host_12_0", 8, &RdzvConf::default());
         assert_eq!(o.job, "muster/job1/");
         assert_eq!(o.session_key.as_deref(), Some("muster/job1/hb/host_12_0"));
-        assert_eq!(o.lease_ttl, Duration::from_secs(15));
+        assert_eq!(o.lease_ttl, std::time::Duration::from_secs(15));
         assert_eq!(o.peers, 8);
     }
 }

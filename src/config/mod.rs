@@ -33,7 +33,7 @@ pub use hang::{HangConfig, OnHang};
 pub use observe::ObserveConfig;
 pub use logs::{LogConfig, Std, StdSpec};
 pub use parse::{parse_nnodes, parse_signals};
-pub use rdzv::{parse_endpoint, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
+pub use rdzv::{parse_endpoint, session_ttl, EtcdConf, EtcdProtocol, RdzvConf, Rendezvous, StoreType, RDZV_CONF_KEYS};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]

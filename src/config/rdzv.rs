@@ -77,6 +77,12 @@ pub struct RdzvConf {
     pub namespace: Option<String>,
 }
 
+/// How long a killed node's session lasts on etcd or the API server: the heartbeats it may miss
+/// (`keep_alive_interval` × `keep_alive_max_attempt`), at least 2 s.
+pub fn session_ttl(keep_alive_interval: Duration, keep_alive_max_attempt: u32) -> Duration {
+    (keep_alive_interval * keep_alive_max_attempt).max(Duration::from_secs(2))
+}
+
 /// `store_type`: the c10d rendezvous store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum StoreType {
