@@ -4,6 +4,7 @@
 pub(crate) mod conformance;
 mod error;
 mod kv;
+mod outage;
 mod reach;
 pub mod memory;
 pub mod remote;
@@ -16,5 +17,6 @@ pub mod tcp;
 pub use either::RdzvStore;
 pub use error::StoreError;
 pub use kv::{Reach, Store, WatchEvent, WatchEventKind, WatchTarget};
+pub use outage::{Outage, OUTAGE_AFTER};
 pub use reach::reach_any;
 pub use standalone::run_standalone;

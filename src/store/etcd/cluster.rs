@@ -20,15 +20,13 @@ use super::connect;
 use super::pb::{self, path};
 use super::tls::{self, TlsFiles};
 use crate::store::error::ETCD_CHECK;
-use crate::store::StoreError;
+use crate::store::{Outage, StoreError, OUTAGE_AFTER};
 
 /// One attempt at one member that has been answering quickly; a slower member is tried again later and
 /// the next one now.
 pub(super) const ATTEMPT: Duration = Duration::from_secs(2);
 /// The longest one attempt at a member may wait (see [`Patience`]).
 const PATIENCE_MAX: Duration = Duration::from_secs(16);
-/// Failures this long in a row are an outage, said once; a leader election (1.1–1.6 s here) is not one.
-const OUTAGE_AFTER: Duration = Duration::from_secs(3);
 const BACKOFF: Duration = Duration::from_millis(200);
 /// The largest reply read: a range of every member record of a 16K-node round is well below it.
 const MAX_MESSAGE: usize = 64 << 20;
@@ -53,12 +51,6 @@ enum Failure {
     /// The auth token expired: authenticate again, then retry.
     Token,
     Final(StoreError),
-}
-
-#[derive(Default)]
-struct Outage {
-    since: Option<Instant>,
-    reported: bool,
 }
 
 struct Member {
@@ -115,7 +107,7 @@ pub(super) struct Cluster {
     preferred: AtomicUsize,
     credentials: Option<Credentials>,
     token: Mutex<Option<String>>,
-    outage: Mutex<Outage>,
+    outage: Outage,
     /// A member has answered since this cluster was made.
     ever_answered: AtomicBool,
     /// How the endpoints are named in messages.
@@ -167,7 +159,7 @@ impl Cluster {
             preferred: AtomicUsize::new(first_member(endpoints.len())),
             credentials,
             token: Mutex::new(None),
-            outage: Mutex::new(Outage::default()),
+            outage: Outage::default(),
             ever_answered: AtomicBool::new(false),
             #[cfg(test)]
             watching: Default::default(),
@@ -338,16 +330,13 @@ impl Cluster {
     /// every one has refused the connection for [`OUTAGE_AFTER`]: nothing listens at the endpoints (a
     /// wrong port, etcd not started), said in one line by the error, not waited for until `join_timeout`.
     fn failed_pass(&self, answers: &Answers) -> bool {
-        let mut outage = lock(&self.outage);
-        let since = *outage.since.get_or_insert_with(Instant::now);
-        if outage.reported || since.elapsed() < OUTAGE_AFTER {
-            return false;
-        }
-        if !self.ever_answered.load(Ordering::Relaxed) && answers.all_refused() {
+        let never_answered = !self.ever_answered.load(Ordering::Relaxed);
+        if never_answered && answers.all_refused() && !self.outage.said() && self.outage.lasted() >= OUTAGE_AFTER {
             return true;
         }
-        outage.reported = true;
-        tracing::warn!("etcd does not answer: {}; {ETCD_CHECK}; retrying", answers.line(&self.urls()));
+        if self.outage.failed() {
+            tracing::warn!("etcd does not answer: {}; {ETCD_CHECK}; retrying", answers.line(&self.urls()));
+        }
         false
     }
 
@@ -358,13 +347,13 @@ impl Cluster {
     /// No member answered `op` in time: the error says what each answered and what to check, unless the
     /// outage's warning did.
     pub(super) fn unreachable(&self, op: &'static str, answers: &Answers) -> StoreError {
-        StoreError::Unreachable { endpoints: self.named.clone(), op, last: answers.line(&self.urls()), said: lock(&self.outage).reported }
+        StoreError::Unreachable { endpoints: self.named.clone(), op, last: answers.line(&self.urls()), said: self.outage.said() }
     }
 
     /// [`Self::unreachable`] for a wait that ended without a member's answer (`why`).
     pub(super) fn gave_up(&self, op: &'static str, why: String) -> StoreError {
         let last = format!("{}: {why}", self.named);
-        StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: lock(&self.outage).reported }
+        StoreError::Unreachable { endpoints: self.named.clone(), op, last, said: self.outage.said() }
     }
 
     fn answered(&self, idx: usize) {
@@ -372,11 +361,9 @@ impl Cluster {
         if let Some(n) = &self.no_client_cert {
             n.served();
         }
-        let mut outage = lock(&self.outage);
-        if outage.reported {
+        if self.outage.answered() {
             tracing::info!("etcd answers again at {}", self.members[idx].url);
         }
-        *outage = Outage::default();
     }
 
     /// Opens a bidirectional stream of `path` at the first member that accepts it, trying each once, with

@@ -1,12 +1,11 @@
 //! Reaching the API server: the client as `kubectl` would make it (in a pod, the service account; else a
 //! kubeconfig), the namespace, every request bounded by a deadline, and what a failure means to the
 //! rendezvous: the server unreachable or overloaded (wait and retry: [`StoreError::ApiServerUnreachable`],
-//! said once per outage and once at its end), a refusal that settings must fix (exit 2), or a request the
+//! said once an outage lasts, and once at its end), a refusal that settings must fix (exit 2), or a request the
 //! server rejected.
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
 use kube::{Client, Config};
 
-use crate::store::StoreError;
+use crate::store::{Outage, StoreError};
 
 /// Where the API server is and who this agent is there.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,8 +36,8 @@ pub struct Server {
     pub namespace: String,
     pub url: String,
     pub timeout: Duration,
-    /// In an outage (said once when it starts, once when it ends).
-    down: Arc<AtomicBool>,
+    /// Shared by the handle's clones: one outage is said once, however many requests fail.
+    outage: Arc<Outage>,
 }
 
 impl Server {
@@ -50,7 +49,7 @@ impl Server {
         let client = Client::try_from(config)
             .map_err(|e| StoreError::BadSetting { what: format!("cannot make a client of the API server at {url}: {e}") })?;
         let leases = Api::namespaced(client.clone(), &namespace);
-        Ok(Server { leases, client, namespace, url, timeout, down: Arc::default() })
+        Ok(Server { leases, client, namespace, url, timeout, outage: Arc::default() })
     }
 
     /// Runs `request` within the handle's deadline; what failed is said as the rendezvous handles it.
@@ -75,7 +74,7 @@ impl Server {
             Ok(Err(e)) => Err(self.unreachable(op, e.to_string())),
             Err(_) => Err(self.unreachable(op, format!("no answer within {:?}", self.timeout))),
         };
-        if !matches!(answer, Err(StoreError::ApiServerUnreachable { .. })) && self.down.swap(false, Ordering::Relaxed) {
+        if !matches!(answer, Err(StoreError::ApiServerUnreachable { .. })) && self.outage.answered() {
             tracing::info!("the Kubernetes API server answers again at {}", self.url);
         }
         answer
@@ -93,9 +92,9 @@ impl Server {
         StoreError::Kube { server: self.url.clone(), op, message: format!("{} ({})", s.message, s.code) }
     }
 
-    /// An outage: said at its first failure (the agent's retries and every other request are quiet).
+    /// An outage: said once it lasts (the agent's retries and every other request are quiet).
     pub fn unreachable(&self, op: &'static str, last: String) -> StoreError {
-        if !self.down.swap(true, Ordering::Relaxed) {
+        if self.outage.failed() {
             tracing::warn!("the Kubernetes API server at {} does not answer ({op}: {last}); retrying", self.url);
         }
         StoreError::ApiServerUnreachable { server: self.url.clone(), op, last }
