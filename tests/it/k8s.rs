@@ -1,5 +1,5 @@
 //! The Kubernetes rendezvous with real agents, real torch workers and a real kube-apiserver on loopback (in
-//! front of its own etcd): no pod is special, the control plane's restart restarts nothing, a service account
+//! front of its own etcd): a DDP job trains and resumes, no pod is special, the control plane's restart restarts nothing, a service account
 //! without the Role fails at once, two jobs share a namespace without seeing each other, and a finished job
 //! leaves no object behind but its lemon memory.
 
@@ -24,12 +24,18 @@ impl Job {
         Job { dir: tempfile::tempdir().unwrap(), kubeconfig, run_id: format!("{run_id}{}", std::process::id()) }
     }
 
-    /// An agent running the test worker (tests/fixtures/elastic_worker.py), which records its starts.
-    fn agent(&self, node: &str, nnodes: &str) -> Agent {
-        let args = AgentArgs::rdzv("k8s", nnodes, &self.kubeconfig)
+    /// An agent of two workers on the API server, short keep-alive windows.
+    fn args(&self, nnodes: &str) -> AgentArgs {
+        AgentArgs::rdzv("k8s", nnodes, &self.kubeconfig)
             .nproc(2)
             .run_id(&self.run_id)
             .conf("keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=3")
+    }
+
+    /// An agent running the test worker (tests/fixtures/elastic_worker.py), which records its starts.
+    fn agent(&self, node: &str, nnodes: &str) -> Agent {
+        let args = self
+            .args(nnodes)
             .opts(["--max-restarts=0", "--shutdown-timeout=5"])
             .script(fixture("elastic_worker.py"))
             .arg(self.path())
@@ -76,6 +82,36 @@ fn an_agent_killed_the_other_reforms_and_a_new_one_joins_without_a_restart() {
     let left = server.keys();
     let prefix = format!("muster/{}/", job.run_id);
     assert!(left.iter().all(|k| k.starts_with(&format!("{prefix}culprits/"))), "left behind: {left:?}");
+}
+
+/// A DDP job as users write one (examples/train.py: DistributedDataParallel, checkpoints) on the API
+/// server: 2 agents × 2 workers train; a worker's crash on b spends b's one restart, and the four ranks
+/// resume from the checkpoint.
+#[test]
+fn a_ddp_job_trains_and_resumes_from_its_checkpoint_after_a_crash() {
+    let server = KubeServer::start();
+    let job = Job::new(&server, User::Agent, "k8sddp");
+    let (result, ckpt) = (job.path().join("result.json"), job.path().join("ckpt"));
+    let agent = |node: &str| {
+        let train = ["--crash-at-step", "12", "--crash-rank", "3", "--ckpt-every", "5"];
+        let args = job.args("2").ranked(node).opt("--max-restarts=1").script(example("train.py"));
+        let args = args.arg("--result").arg(&result).arg("--ckpt-dir").arg(&ckpt).args(train).build();
+        Agent::start(node, &args)
+    };
+    let mut agents = [agent("a"), agent("b")];
+    for a in &mut agents {
+        assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
+    }
+    let logs = format!("--- a:\n{}\n--- b:\n{}", agents[0].log(), agents[1].log());
+    let text = std::fs::read_to_string(&result).unwrap_or_else(|e| panic!("no result ({e})\n{logs}"));
+    let r: serde_json::Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    assert_eq!((r["steps"].as_i64(), r["world_size"].as_i64()), (Some(40), Some(4)), "{r}\n{logs}");
+    assert_eq!(r["resumed_from"], 10, "{r}\n{logs}");
+    assert!(r["final_loss"].as_f64().is_some_and(f64::is_finite), "{r}");
+    // a's workers may see the crash in gloo before a sees b's round: then a spends its restart too.
+    let b = agents[1].log();
+    assert_eq!(count(&b, "failed (exitcode: 1) local_rank: 1"), 1, "{logs}");
+    assert_eq!(count(&b, "recovered from worker failure"), 1, "{logs}");
 }
 
 /// The API server SIGKILLed and started again mid-training: the workers keep running (no worker starts

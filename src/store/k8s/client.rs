@@ -61,7 +61,8 @@ impl Server {
     }
 
     /// As [`Self::call`], but a refusal the caller decides on (the object is absent, or it changed or
-    /// exists: 404 and 409; a watch's version compacted away: 410) comes back as the server's status.
+    /// exists: 404 and 409; a watch's version compacted away: 410; a JSON patch's test failed: 422) comes
+    /// back as the server's status.
     pub async fn request<T>(
         &self,
         op: &'static str,
@@ -69,7 +70,7 @@ impl Server {
     ) -> Result<Result<T, Status>, StoreError> {
         let answer = match tokio::time::timeout(self.timeout, request).await {
             Ok(Ok(value)) => Ok(Ok(value)),
-            Ok(Err(kube::Error::Api(s))) if s.is_not_found() || s.code == 409 || s.code == 410 => Ok(Err(*s)),
+            Ok(Err(kube::Error::Api(s))) if s.is_not_found() || [409, 410, 422].contains(&s.code) => Ok(Err(*s)),
             Ok(Err(kube::Error::Api(s))) => Err(self.rejected(op, *s)),
             Ok(Err(e)) => Err(self.unreachable(op, e.to_string())),
             Err(_) => Err(self.unreachable(op, format!("no answer within {:?}", self.timeout))),
@@ -117,7 +118,7 @@ fn verb(op: &str) -> &str {
         "create" => "create",
         "delete" => "delete",
         "delete_collection" => "deletecollection",
-        "set" | "beat" => "patch",
+        "set" | "beat" | "add" | "fold" => "patch",
         _ => "update",
     }
 }

@@ -1,10 +1,10 @@
 //! The [`Store`] trait on the Kubernetes API server, so that a job on Kubernetes needs neither a special
 //! pod nor an etcd of its own: the cluster's control plane is the rendezvous. Each key is one
-//! `coordination.k8s.io/v1` Lease of the job's namespace (`names`, `object`); compare-and-set and counters
-//! are updates conditional on the object's resourceVersion; watches resume from a resourceVersion and list
-//! again on 410 Gone (`watch`); the session is a Lease its holder renews, the heartbeat's own object
-//! (`session`), and sessions not renewed are reaped by the agents (`reap`). The API server has no
-//! transactions: a write of several keys is several writes, sent together.
+//! `coordination.k8s.io/v1` Lease of the job's namespace (`names`, `object`); compare-and-set is an update
+//! conditional on the object's resourceVersion, a counter's add an unconditional patch; watches resume
+//! from a resourceVersion and list again on 410 Gone (`watch`); the session is a Lease its holder renews,
+//! the heartbeat's own object (`session`), and sessions not renewed are reaped by the agents (`reap`). The
+//! API server has no transactions: a write of several keys is several writes, sent together.
 
 mod access;
 mod client;
@@ -63,6 +63,9 @@ const CONCURRENT: usize = 32;
 
 /// Keys a list of `multi_get` selects at most (a label selector's set; the URL stays a few KiB).
 const MULTI_GET: usize = 64;
+/// Adds a counter's object holds before one folds them into its value (about 60 bytes each: the object
+/// stays small, and a fold is one write in this many).
+const FOLD_AFTER: usize = 8;
 
 pub struct KubeStore {
     server: Server,
@@ -135,6 +138,20 @@ impl KubeStore {
         }
     }
 
+    /// Folds the adds `written` holds into its value; a fold that lost to another one changes nothing.
+    async fn fold(&self, name: &str, written: &Lease) -> Result<(), StoreError> {
+        let Some(ops) = object::fold(written) else { return Ok(()) };
+        let ops: json_patch::Patch = serde_json::from_value(ops)
+            .map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "fold", message: e.to_string() })?;
+        let patch = Patch::Json::<()>(ops);
+        match self.server.request("fold", self.server.leases.patch(name, &PatchParams::default(), &patch)).await? {
+            Ok(_) => Ok(()),
+            // Another fold won (the test failed: 422), or the key went.
+            Err(s) if s.code == 422 || s.is_not_found() => Ok(()),
+            Err(s) => Err(self.server.rejected("fold", s)),
+        }
+    }
+
     async fn listed(&self, prefix: &str) -> Result<Vec<Entry>, StoreError> {
         let selector = names::prefix_selector(&self.job, prefix);
         let found = self.server.call("list", self.server.leases.list(&ListParams::default().labels(&selector))).await?;
@@ -154,13 +171,34 @@ async fn write(server: &Server, job: &str, key: &str, value: &[u8], link: Link<'
     overwrite(server, &name, &lease, "set").await.map(drop)
 }
 
-/// `lease` patched over `name`, or created where it is absent (raced by another creator: patched again).
+/// `lease` patched over `name`, its annotations replacing what the object held (a value written over a
+/// counter's adds drops them), or created where it is absent.
 async fn overwrite(server: &Server, name: &str, lease: &Lease, op: &'static str) -> Result<Lease, StoreError> {
-    for _ in 0..3 {
-        match server.request(op, server.leases.patch(name, &PatchParams::default(), &Patch::Merge(lease))).await? {
+    let mut patch = serde_json::to_value(lease).map_err(|e| StoreError::Kube { server: server.url.clone(), op, message: e.to_string() })?;
+    if let Some(annotations) = patch.pointer_mut("/metadata/annotations").and_then(serde_json::Value::as_object_mut) {
+        annotations.insert("$patch".into(), "replace".into());
+    }
+    upsert(server, name, &Patch::Strategic(patch), lease, op).await
+}
+
+/// `patch` applied to `name`, or `lease` created where it is absent (raced by another creator: patched
+/// again). The server retries a patch that lost to another write a few times, then answers 409: a key many
+/// write at once (every joiner's slot), patched again after a random wait.
+async fn upsert<P: serde::Serialize + std::fmt::Debug>(server: &Server, name: &str, patch: &Patch<P>, lease: &Lease, op: &'static str) -> Result<Lease, StoreError> {
+    let (mut backoff, mut creates) = (Backoff::default(), 0);
+    loop {
+        match server.request(op, server.leases.patch(name, &PatchParams::default(), patch)).await? {
             Ok(written) => return Ok(written),
+            Err(s) if s.code == 409 => {
+                backoff.lost().await;
+                continue;
+            }
             Err(s) if !s.is_not_found() => return Err(server.rejected(op, s)),
-            Err(_) => {}
+            Err(_) if creates == 3 => {
+                let message = format!("{name} was deleted under this write three times");
+                return Err(StoreError::Kube { server: server.url.clone(), op, message });
+            }
+            Err(_) => creates += 1,
         }
         match server.request("create", server.leases.create(&PostParams::default(), lease)).await? {
             Ok(written) => return Ok(written),
@@ -168,7 +206,6 @@ async fn overwrite(server: &Server, name: &str, lease: &Lease, op: &'static str)
             Err(s) => return Err(server.rejected("create", s)),
         }
     }
-    Err(StoreError::Kube { server: server.url.clone(), op, message: format!("{name} was deleted under this write three times") })
 }
 
 impl Drop for KubeStore {
@@ -187,24 +224,24 @@ impl Store for KubeStore {
         Ok(self.read(key).await?.map(|e| e.value))
     }
 
-    /// A decimal counter (as torch's store keeps one), updated conditionally until the update wins.
+    /// A decimal counter (as torch's store keeps one). An add is one unconditional patch adding its own
+    /// annotation (its delta); the server applies patches one at a time, so what it answers is the sum up
+    /// to this add: N nodes taking a slot at once cost N requests, not N² conditional writes lost and
+    /// retried. An adder that sees [`FOLD_AFTER`] adds folds them into the value, so that the object, which
+    /// every write of it copies, stays small.
     async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
-        let mut backoff = Backoff::default();
-        loop {
-            let current = self.read(key).await?;
-            let now = match &current {
-                Some(e) if !e.value.is_empty() => counter(key, &e.value)?,
-                _ => 0,
-            };
-            if delta == 0 {
-                return Ok(now);
-            }
-            let next = now.saturating_add(delta);
-            if self.write_if(key, current.as_ref(), next.to_string().as_bytes()).await? {
-                return Ok(next);
-            }
-            backoff.lost().await;
+        if delta == 0 {
+            return self.read(key).await?.map_or(Ok(0), |e| counter(key, &e.value));
         }
+        let (patch, create) = object::increment(&self.job, key, delta, &uuid::Uuid::new_v4().simple().to_string());
+        let name = names::object_name(&self.job, key);
+        let written = upsert(&self.server, &name, &Patch::Merge(&patch), &create, "add").await?;
+        let entry = object::entry(&written).map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "add", message: e.to_string() })?;
+        let now = counter(key, &entry.value)?;
+        if object::adds(&written) >= FOLD_AFTER {
+            self.fold(&name, &written).await?;
+        }
+        Ok(now)
     }
 
     /// Absent counts as empty: an empty `expected` matches a missing key and an empty value.
@@ -311,7 +348,7 @@ impl Store for KubeStore {
 
 /// The wait after a conditional write lost to another writer of the key: random, below a ceiling that
 /// doubles with each loss (2 ms to 512 ms). A lost write costs two requests here (the update refused, the
-/// read again), so N writers of one key at once (every joiner's slot) retrying at once would cost the
+/// read again), so N writers of one key at once (a lock every node tries) retrying at once would cost the
 /// server about N² of them; spread, about N log N.
 struct Backoff {
     ceiling: Duration,
@@ -331,7 +368,11 @@ impl Backoff {
     }
 }
 
+/// A counter's value; empty is 0, as an absent key.
 fn counter(key: &str, value: &[u8]) -> Result<i64, StoreError> {
+    if value.is_empty() {
+        return Ok(0);
+    }
     std::str::from_utf8(value).ok().and_then(|v| v.trim().parse().ok()).ok_or_else(|| StoreError::BadSetting {
         what: format!("add on {key}, which holds {:?}, not a decimal integer", String::from_utf8_lossy(value)),
     })

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::testing::{TestKube, User};
-use super::KubeStore;
+use super::{names, object, KubeStore, FOLD_AFTER};
 use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
 fn granted() -> TestKube {
@@ -55,6 +55,19 @@ async fn concurrent_adds_each_count_once() {
     }
     slots.sort_unstable();
     assert_eq!(slots, (1..=8).collect::<Vec<i64>>(), "each adder got its own value");
+}
+
+/// Past `FOLD_AFTER` adds an adder folds them into the value: the count goes on, the object stays small.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_counters_adds_are_folded_into_its_value() {
+    let kube = granted();
+    let s = kube.store("/t/").await;
+    for n in 1..=(3 * FOLD_AFTER as i64 + 2) {
+        assert_eq!(s.add("many", 1).await.unwrap(), n);
+    }
+    let lease = s.server.leases.get(&names::object_name(&s.job, "many")).await.unwrap();
+    assert!(object::adds(&lease) < FOLD_AFTER, "{} adds left on the object", object::adds(&lease));
+    assert_eq!(s.add("many", 0).await.unwrap(), 3 * FOLD_AFTER as i64 + 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
