@@ -90,7 +90,13 @@ impl Server {
         if s.code == 429 || s.code >= 500 {
             return self.unreachable(op, format!("{} ({})", s.message, s.code));
         }
-        StoreError::Kube { server: self.url.clone(), op, message: format!("{} ({})", s.message, s.code) }
+        self.failed(op, format!("{} ({})", s.message, s.code))
+    }
+
+    /// `op` failed for a reason that is not the server's status: an object that is not ours, a request or
+    /// a patch that could not be made.
+    pub fn failed(&self, op: &'static str, message: impl std::fmt::Display) -> StoreError {
+        StoreError::Kube { server: self.url.clone(), op, message: message.to_string() }
     }
 
     /// An outage: said once it lasts (the agent's retries and every other request are quiet).

@@ -101,7 +101,7 @@ impl KubeStore {
     pub async fn metrics(&self) -> Result<String, StoreError> {
         let request = http::Request::get("/metrics")
             .body(Vec::new())
-            .map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "metrics", message: e.to_string() })?;
+            .map_err(|e| self.server.failed("metrics", e))?;
         self.server.call("metrics", self.server.client.request_text(request)).await
     }
 
@@ -110,7 +110,7 @@ impl KubeStore {
         match self.server.request("get", self.server.leases.get(&name)).await? {
             Ok(lease) => object::entry(&lease)
                 .map(Some)
-                .map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "get", message: e.to_string() }),
+                .map_err(|e| self.server.failed("get", e)),
             Err(s) if s.is_not_found() => Ok(None),
             Err(s) => Err(self.server.rejected("get", s)),
         }
@@ -141,8 +141,7 @@ impl KubeStore {
     /// Folds the adds `written` holds into its value; a fold that lost to another one changes nothing.
     async fn fold(&self, name: &str, written: &Lease) -> Result<(), StoreError> {
         let Some(ops) = object::fold(written) else { return Ok(()) };
-        let ops: json_patch::Patch = serde_json::from_value(ops)
-            .map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "fold", message: e.to_string() })?;
+        let ops: json_patch::Patch = serde_json::from_value(ops).map_err(|e| self.server.failed("fold", e))?;
         let patch = Patch::Json::<()>(ops);
         match self.server.request("fold", self.server.leases.patch(name, &PatchParams::default(), &patch)).await? {
             Ok(_) => Ok(()),
@@ -159,8 +158,8 @@ impl KubeStore {
     }
 }
 
-/// Writes `key` whatever it held: a merge patch (a Lease refuses an update without a resourceVersion; a
-/// patch without one is unconditional), a create where it is absent.
+/// Writes `key` whatever it held: a patch (a Lease refuses an update without a resourceVersion; a patch
+/// without one is unconditional), a create where it is absent.
 async fn write(server: &Server, job: &str, key: &str, value: &[u8], link: Link<'_>) -> Result<(), StoreError> {
     if value.len() > object::MAX_VALUE {
         return Err(StoreError::BadSetting {
@@ -174,7 +173,7 @@ async fn write(server: &Server, job: &str, key: &str, value: &[u8], link: Link<'
 /// `lease` patched over `name`, its annotations replacing what the object held (a value written over a
 /// counter's adds drops them), or created where it is absent.
 async fn overwrite(server: &Server, name: &str, lease: &Lease, op: &'static str) -> Result<Lease, StoreError> {
-    let mut patch = serde_json::to_value(lease).map_err(|e| StoreError::Kube { server: server.url.clone(), op, message: e.to_string() })?;
+    let mut patch = serde_json::to_value(lease).map_err(|e| server.failed(op, e))?;
     if let Some(annotations) = patch.pointer_mut("/metadata/annotations").and_then(serde_json::Value::as_object_mut) {
         annotations.insert("$patch".into(), "replace".into());
     }
@@ -195,8 +194,7 @@ async fn upsert<P: serde::Serialize + std::fmt::Debug>(server: &Server, name: &s
             }
             Err(s) if !s.is_not_found() => return Err(server.rejected(op, s)),
             Err(_) if creates == 3 => {
-                let message = format!("{name} was deleted under this write three times");
-                return Err(StoreError::Kube { server: server.url.clone(), op, message });
+                return Err(server.failed(op, format!("{name} was deleted under this write three times")));
             }
             Err(_) => creates += 1,
         }
@@ -236,7 +234,7 @@ impl Store for KubeStore {
         let (patch, create) = object::increment(&self.job, key, delta, &uuid::Uuid::new_v4().simple().to_string());
         let name = names::object_name(&self.job, key);
         let written = upsert(&self.server, &name, &Patch::Merge(&patch), &create, "add").await?;
-        let entry = object::entry(&written).map_err(|e| StoreError::Kube { server: self.server.url.clone(), op: "add", message: e.to_string() })?;
+        let entry = object::entry(&written).map_err(|e| self.server.failed("add", e))?;
         let now = counter(key, &entry.value)?;
         if object::adds(&written) >= FOLD_AFTER {
             self.fold(&name, &written).await?;

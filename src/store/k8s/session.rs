@@ -88,17 +88,13 @@ impl Session {
         Ok(uid)
     }
 
-    /// Writes the session object with `value`, renewed now: a merge patch (unconditional), or a create where it
+    /// Writes the session object with `value`, renewed now: a patch (unconditional), or a create where it
     /// is gone (first use, or reaped). Returns its uid.
     async fn write(&self, value: &[u8]) -> Result<String, StoreError> {
         let lease = object::lease(&self.job, &self.key, value, None, Link::Holder(&self.holder));
         let name = self.name();
         let written = super::overwrite(&self.server, &name, &lease, "beat").await?;
-        let uid = written.metadata.uid.ok_or_else(|| StoreError::Kube {
-            server: self.server.url.clone(),
-            op: "beat",
-            message: format!("the Lease {name} came back without a uid"),
-        })?;
+        let uid = written.metadata.uid.ok_or_else(|| self.server.failed("beat", format!("the Lease {name} came back without a uid")))?;
         let recreated = {
             let mut state = self.state();
             let recreated = state.uid.as_ref().is_some_and(|old| *old != uid);
