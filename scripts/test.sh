@@ -38,8 +38,9 @@ cargo clippy --quiet --workspace --all-targets -- -D warnings
 # Integration tests start real torch workers; two at a time keeps a 2-core machine honest. In the full run each
 # module of tests/it runs on its own, as when each was a test binary: a test that times a failover then shares
 # the machine only with tests of its own kind, never with another module's torch jobs. The partition scenarios
-# measure seconds and the straggler scenarios judge a job's pace by the window: they run one at a time (a DDP
-# job of four ranks already loads both cores). A run given arguments runs what they select together.
+# measure seconds, the straggler scenarios judge a job's pace by the window and the hang scenarios a rank's
+# silence by --hang-timeout (with py-spy sampling every rank): they run one at a time (a DDP job of four ranks
+# already loads both cores). A run given arguments runs what they select together.
 threads="${MUSTER_TEST_THREADS:-2}"
 if [ $# -eq 0 ]; then
     cargo test --quiet --workspace --exclude muster -- --test-threads="$threads"
@@ -49,7 +50,7 @@ if [ $# -eq 0 ]; then
     for module in $(it_modules); do
         it_tests "$module"
         echo "tests/it/$module.rs" >&2
-        cargo test --quiet --test it -- --test-threads="$(case "$module" in partition | straggler) echo 1 ;; *) echo "$threads" ;; esac)" "${tests[@]}"
+        cargo test --quiet --test it -- --test-threads="$(case "$module" in partition | straggler | hang) echo 1 ;; *) echo "$threads" ;; esac)" "${tests[@]}"
     done
 else
     cargo test --quiet --workspace -- --test-threads="$threads" "$@"
