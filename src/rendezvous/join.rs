@@ -4,11 +4,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use tokio::sync::mpsc::UnboundedReceiver;
 use tokio::time::Instant;
 
 use super::wire::{Closure, Record, RoundInfo, Seal};
 use super::{NodeInfo, RdzvError, Rendezvous, Settings};
-use crate::store::Store;
+use crate::store::{Store, WatchEvent, WatchEventKind, WatchTarget};
 
 /// What one attempt to seal a round did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +53,13 @@ pub(super) fn assign_ranks(mut records: Vec<Record>, settings: &Settings) -> Res
 /// How often a joiner whose round is not sealed looks again, for what no watch tells it: below MIN, how many
 /// others joined; once the round is due, whether the sealer died; and whether the round counter moved on.
 /// All three are backups for a node that died at the wrong moment: the node that completes the round, or
-/// sees its last call end, seals it without anyone looking. (Long waits need no slicing otherwise: each
-/// holds a connection of its own.)
+/// sees its last call end, seals it without anyone looking. The seal itself comes by a watch kept open
+/// across the looks ([`SealWatch`]).
 const JOIN_CHECK: Duration = Duration::from_secs(1);
 
 /// How often each joiner of a round of up to `max_nodes` looks again: [`JOIN_CHECK`], and 4 ms more a node
-/// past the 250th, so that a whole job's looks cost the store about 250 a second (a look is one read and a
-/// wait) however many nodes join. Looks that grew with the round's length instead (a look a second each)
+/// past the 250th, so that a whole job's looks cost the store about 250 a second (a look is one read of three
+/// keys) however many nodes join. Looks that grew with the round's length instead (a look a second each)
 /// fed themselves at thousands of nodes: the looks slowed the store, the round took longer, and every
 /// joiner looked more often. At most [`JOIN_CHECK_MAX`]: how late a backup may come at any size. Scaled by
 /// 0.5 + `jitter` (in [0, 1)): joiners that joined together do not look together.
@@ -76,6 +77,44 @@ struct Taken {
     round: u64,
     slot: i64,
     recorded_at: Instant,
+}
+
+/// A joiner's watch of its round's seal, open across its looks: a wait of its own at each look would cost
+/// the API server a list and a watch (a connection: kube-rs speaks HTTP/1.1), and etcd a watch, each time.
+struct SealWatch {
+    key: String,
+    /// None: not open yet, or ended (the store went away): opened again at the next look.
+    events: Option<UnboundedReceiver<WatchEvent>>,
+}
+
+impl SealWatch {
+    /// Whether the seal is written by `until` (or was already when the watch opened).
+    async fn written_by<S: Store>(&mut self, store: &S, until: Instant) -> Result<bool, RdzvError> {
+        let events = match &mut self.events {
+            Some(events) => events,
+            None => {
+                let events = self.events.insert(store.watch(&[WatchTarget::Key(self.key.clone())]).await?);
+                // Written before the watch began: no event will say so.
+                if store.get(&self.key).await?.is_some() {
+                    return Ok(true);
+                }
+                events
+            }
+        };
+        loop {
+            match tokio::time::timeout_at(until, events.recv()).await {
+                Err(_) => return Ok(false),
+                Ok(Some(e)) if e.kind == WatchEventKind::Written && e.key == self.key => return Ok(true),
+                Ok(Some(_)) => {}
+                Ok(None) => {
+                    // As a wait that timed out: the look after it finds whether the store is back.
+                    self.events = None;
+                    tokio::time::sleep_until(until).await;
+                    return Ok(false);
+                }
+            }
+        }
+    }
 }
 
 /// A spare's wait for the next round or the job's end, re-armed: it has no deadline while the job runs at its
@@ -219,7 +258,7 @@ impl<S: Store> Rendezvous<S> {
     async fn await_seal(&self, taken: Taken, expected: Option<u32>, deadline: Instant) -> Result<Joined, RdzvError> {
         let Taken { round, slot, recorded_at } = taken;
         let mut unsealed_at = recorded_at;
-        let sealed_key = self.key(&format!("r/{round}/sealed"));
+        let mut seal = SealWatch { key: self.key(&format!("r/{round}/sealed")), events: None };
         let min = i64::from(self.settings.min_nodes);
         // Lowered by a node that leaves the round it was expected in (`shrink_open_round`).
         let mut expected = expected;
@@ -267,7 +306,7 @@ impl<S: Store> Rendezvous<S> {
                 (_, Some(moment)) => now + moment,
                 _ => now + join_check(self.settings.max_nodes, super::retry::jitter(now)),
             };
-            if self.store.wait(&sealed_key, wake.min(deadline) - now).await? {
+            if seal.written_by(&*self.store, wake.min(deadline)).await? {
                 let asked_at = Instant::now();
                 return match self.store.get(&self.key(&format!("r/{round}/a/{slot}"))).await? {
                     Some(assignment) => Ok(Joined::Member { info: RoundInfo::decode(round, &assignment)?, unsealed_at, asked_at }),
@@ -427,7 +466,9 @@ impl<S: Store> Rendezvous<S> {
         let key = self.key("round");
         self.store.compare_set(&key, &self.round_raw, to.as_bytes()).await?;
         if self.read_round().await?.1 > current.round {
-            self.store.set(&self.key(&format!("r/{}/open", current.round + 1)), b"1").await?;
+            // Every member opens it: written once, the others' compare-and-set finds it (N overwrites of one
+            // object at once cost the API server about N² attempts).
+            self.store.compare_set(&self.key(&format!("r/{}/open", current.round + 1)), b"", b"1").await?;
         }
         Ok(())
     }

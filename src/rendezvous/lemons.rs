@@ -181,6 +181,16 @@ pub async fn readmit<S: Store>(store: &S, run_id: &str, host: &str) -> Result<us
     Ok(keys.len())
 }
 
+/// `muster status --forget`: job `run_id`'s keys deleted but its hosts' incidents (a requeued job with
+/// the same id keeps them), as the job's last agent deletes them at its end. Returns how many went.
+pub async fn forget<S: Store>(store: &S, run_id: &str) -> Result<usize, RdzvError> {
+    let job = format!("{}{run_id}/", super::KEY_PREFIX);
+    let keep = format!("{job}{CULPRITS}");
+    let gone = store.list(&job).await?.iter().filter(|k| !k.starts_with(&keep)).count();
+    store.forget_job(&keep).await?;
+    Ok(gone)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

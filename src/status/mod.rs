@@ -15,7 +15,7 @@ use clap::Parser;
 
 use crate::config::token::{self, TOKEN_ENV};
 use crate::config::{self, RdzvConf};
-use crate::rendezvous::{read_view, readmit, unix_ms, RdzvError};
+use crate::rendezvous::{forget, read_view, readmit, unix_ms, RdzvError};
 use crate::store::etcd::{EtcdOptions, EtcdStore};
 use crate::store::k8s::{KubeOptions, KubeStore};
 use crate::store::remote::RemoteStore;
@@ -62,6 +62,10 @@ pub struct StatusArgs {
     /// the job. HOST as the table's `kept out:` line names it (the agent's --local-addr).
     #[arg(long, value_name = "HOST")]
     readmit: Option<String>,
+    /// With --rdzv-backend k8s: deletes the job's Leases but its kept-out hosts' incidents, as the job's
+    /// last agent does when it ends, for a job whose agents all died; refused while a node of it beats.
+    #[arg(long, conflicts_with = "readmit")]
+    forget: bool,
 }
 
 fn positive_seconds(s: &str) -> Result<Duration, String> {
@@ -87,6 +91,11 @@ pub enum StatusError {
          --rdzv-endpoint"
     )]
     UnknownRun { run_id: String, endpoint: String },
+    #[error(
+        "job '{run_id}' at {endpoint} is running (node {node} beat {age_ms} ms ago); '--forget' is for a job \
+         whose agents are all gone: stop the job first"
+    )]
+    StillRunning { run_id: String, endpoint: String, node: String, age_ms: u64 },
     #[error("cannot read job '{run_id}' at {endpoint}: {source}")]
     Unreadable { run_id: String, endpoint: String, source: RdzvError },
 }
@@ -95,7 +104,7 @@ impl StatusError {
     pub fn exit_code(&self) -> u8 {
         match self {
             StatusError::Unreachable { .. } | StatusError::NoAnswer { .. } => crate::exit::RDZV_INCOMPLETE,
-            StatusError::Refused { .. } | StatusError::Setting { .. } => crate::exit::USAGE,
+            StatusError::Refused { .. } | StatusError::Setting { .. } | StatusError::StillRunning { .. } => crate::exit::USAGE,
             StatusError::UnknownRun { .. } | StatusError::Unreadable { .. } => crate::exit::FAILED,
         }
     }
@@ -132,6 +141,8 @@ pub struct Target {
     timeout: Duration,
     /// `--readmit HOST`.
     readmit: Option<String>,
+    /// `--forget`.
+    forget: bool,
 }
 
 #[derive(Debug)]
@@ -185,8 +196,15 @@ pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result
             (format!("{shown}:{port}"), Backend::Tcp { host, port, token })
         }
     };
+    if args.forget && !matches!(backend, Backend::Kube(_)) {
+        return Err(format!(
+            "'--forget' is for --rdzv-backend k8s (not {}): muster's own store ends with its host, and etcd keeps a \
+             job's keys as any others (etcdctl del --prefix deletes them)",
+            args.rdzv_backend
+        ));
+    }
     let readmit = args.readmit.as_deref().map(str::trim).filter(|h| !h.is_empty()).map(str::to_string);
-    Ok(Target { endpoint, backend, run_id, timeout: args.timeout, readmit })
+    Ok(Target { endpoint, backend, run_id, timeout: args.timeout, readmit, forget: args.forget })
 }
 
 /// Connects to the store and reads the job, all within `--timeout`: the connect retries until then and
@@ -225,7 +243,8 @@ async fn within<S: Store>(deadline: tokio::time::Instant, store: &S, t: &Target)
     shown.map_err(|_| StatusError::NoAnswer { endpoint: t.endpoint.clone(), timeout: t.timeout })?
 }
 
-/// `--readmit HOST` first (the one write `muster status` makes), then the job.
+/// `--readmit HOST` first (one of the two writes `muster status` makes), then the job; with `--forget`,
+/// the job as it was, then deleted.
 async fn readmit_and_show<S: Store>(store: &S, t: &Target) -> Result<Snapshot, StatusError> {
     let readmitted = match &t.readmit {
         Some(host) => {
@@ -234,7 +253,15 @@ async fn readmit_and_show<S: Store>(store: &S, t: &Target) -> Result<Snapshot, S
         }
         None => None,
     };
-    Ok(Snapshot { readmitted, ..show(store, &t.endpoint, &t.run_id).await? })
+    let snapshot = Snapshot { readmitted, ..show(store, &t.endpoint, &t.run_id).await? };
+    if !t.forget {
+        return Ok(snapshot);
+    }
+    if let Some((node, age_ms)) = snapshot.beating() {
+        return Err(StatusError::StillRunning { run_id: t.run_id.clone(), endpoint: t.endpoint.clone(), node, age_ms });
+    }
+    let keys = forget(store, &t.run_id).await.map_err(|e| view_error(e, &t.endpoint, &t.run_id))?;
+    Ok(Snapshot { forgotten: Some(keys), ..snapshot })
 }
 
 fn view_error(e: RdzvError, endpoint: &str, run_id: &str) -> StatusError {
@@ -309,6 +336,18 @@ mod tests {
         let args = parse(&["--rdzv-backend", "etcd-v2", "--rdzv-endpoint", "h", "--rdzv-id", "j"]).unwrap();
         let e = target(&args, &user_only).unwrap_err();
         assert!(e.contains(config::etcd::PASSWORD_ENV), "{e}");
+    }
+
+    #[test]
+    fn forget_is_for_the_api_server_and_not_with_readmit() {
+        for backend in ["c10d", "static", "etcd"] {
+            let e = target_of(&["--rdzv-backend", backend, "--rdzv-endpoint", "h", "--rdzv-id", "j", "--forget"]).unwrap_err();
+            assert!(e.starts_with("'--forget' is for --rdzv-backend k8s") && e.contains(backend) && !e.contains('\n'), "{e}");
+        }
+        let t = target_of(&["--rdzv-backend", "k8s", "--rdzv-id", "j", "--forget"]).unwrap();
+        assert!(t.forget && matches!(t.backend, Backend::Kube(_)));
+        let both = crate::cli::one_line(&parse(&["--rdzv-backend", "k8s", "--rdzv-id", "j", "--forget", "--readmit", "h"]).unwrap_err());
+        assert!(both.contains("--forget") && both.contains("--readmit"), "{both}");
     }
 
     #[test]

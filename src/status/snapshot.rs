@@ -33,6 +33,9 @@ pub struct Snapshot {
     /// `--readmit HOST`: the host let back in, and how many of its incidents were forgotten.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub readmitted: Option<Readmitted>,
+    /// `--forget`: how many of the job's keys were deleted (the snapshot shows the job as it was).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub forgotten: Option<usize>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -193,7 +196,14 @@ impl Snapshot {
             restarts: view.restarts.clone(),
             kept_out: view.kept_out.clone(),
             readmitted: None,
+            forgotten: None,
         }
+    }
+
+    /// A node whose heartbeat is current (`running`), and its heartbeat's age: the job is not over.
+    pub fn beating(&self) -> Option<(String, u64)> {
+        let row = self.nodes.iter().find(|r| r.state == NodeState::Running)?;
+        Some((row.addr.clone().unwrap_or_else(|| row.node.clone()), row.heartbeat_age_ms.unwrap_or(0)))
     }
 
     /// A heading line and one aligned row per node.
@@ -208,6 +218,12 @@ impl Snapshot {
             Some(r) => format!("readmitted {}: {} incident(s) forgotten; it may join again\n", r.host, r.forgotten),
             None => String::new(),
         };
+        if let Some(keys) = self.forgotten {
+            out.push_str(&format!(
+                "forgot job {}: {keys} key(s) deleted, its kept-out hosts' incidents kept (a job with the same id reads them); as it was:\n",
+                self.run_id
+            ));
+        }
         out.push_str(&format!(
             "job {} at {}: {round}, {}, {members} member(s), world size {}, {spares} spare(s) waiting; {} --nnodes {}\n",
             self.run_id,

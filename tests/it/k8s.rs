@@ -1,7 +1,7 @@
 //! The Kubernetes rendezvous with real agents, real torch workers and a real kube-apiserver on loopback (in
 //! front of its own etcd): a DDP job trains and resumes, no pod is special, the control plane's restart restarts nothing, a service account
-//! without the Role fails at once, two jobs share a namespace without seeing each other, and a finished job
-//! leaves no object behind but its lemon memory.
+//! without the Role fails at once, two jobs share a namespace without seeing each other, a finished job
+//! leaves no object behind but its lemon memory, and `muster status --forget` deletes a dead job's.
 
 use crate::common;
 
@@ -178,4 +178,45 @@ fn a_second_job_in_the_namespace_does_not_disturb_the_first() {
         assert_eq!(a.exit_code(LONG), Some(0), "{}", a.log());
     }
     assert_eq!(starts(first.path()), world, "the first job's workers started again");
+}
+
+/// `muster status --forget`: refused in one line (exit 2) while the job's agents beat, nothing deleted;
+/// once they are all SIGKILLed (no last agent to clean up) and their heartbeats are stale, it deletes the
+/// job's Leases, and the job is gone.
+#[test]
+fn status_forget_deletes_a_dead_jobs_leases_and_refuses_a_running_one() {
+    let server = KubeServer::start();
+    let job = Job::new(&server, User::Agent, "k8sforget");
+    let agents = vec![job.agent("a", "2"), job.agent("b", "2")];
+    wait_world(job.path(), 4, 4);
+    let status = |forget: bool| {
+        let mut cmd = muster();
+        cmd.args(["status", "--rdzv-backend", "k8s", "--rdzv-endpoint", &job.kubeconfig, "--rdzv-id", &job.run_id]);
+        if forget {
+            cmd.arg("--forget");
+        }
+        run(&mut cmd, LONG)
+    };
+    let refused = status(true);
+    assert_eq!(refused.status.code(), Some(2), "{}{}", refused.stdout, refused.stderr);
+    let lines: Vec<&str> = refused.stderr.lines().collect();
+    assert!(lines.len() == 1 && lines[0].contains("is running") && lines[0].contains("--forget"), "{}", refused.stderr);
+    let before = server.keys();
+    assert!(before.iter().any(|k| k.ends_with("/fingerprint")), "{before:?}");
+    for a in &agents {
+        a.kill9();
+    }
+    let mut forgotten = None;
+    assert!(eventually(LONG, || {
+        let out = status(true);
+        let done = out.status.success();
+        forgotten = Some(out);
+        done
+    }), "{:?}", forgotten.map(|o| o.stderr));
+    let out = forgotten.expect("an answer");
+    assert!(out.stdout.starts_with(&format!("forgot job {}: ", job.run_id)), "{}", out.stdout);
+    assert_eq!(server.keys(), Vec::<String>::new(), "no Lease of the job is left");
+    let gone = status(false);
+    assert_eq!(gone.status.code(), Some(1), "{}", gone.stderr);
+    assert!(gone.stderr.contains(&format!("no job '{}'", job.run_id)), "{}", gone.stderr);
 }

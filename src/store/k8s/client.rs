@@ -6,7 +6,8 @@
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -38,7 +39,12 @@ pub struct Server {
     pub timeout: Duration,
     /// Shared by the handle's clones: one outage is said once, however many requests fail.
     outage: Arc<Outage>,
+    /// Objects this handle wrote (at most [`KNOWN`] names): a write patches them first, creates others first.
+    written: Arc<Mutex<HashSet<String>>>,
 }
+
+/// Names a handle remembers having written; forgetting them all costs one request each at most.
+const KNOWN: usize = 4096;
 
 impl Server {
     /// Builds the client; `namespace`: the one to use, else the kubeconfig's or the pod's.
@@ -49,7 +55,16 @@ impl Server {
         let client = Client::try_from(config)
             .map_err(|e| StoreError::BadSetting { what: format!("cannot make a client of the API server at {url}: {e}") })?;
         let leases = Api::namespaced(client.clone(), &namespace);
-        Ok(Server { leases, client, namespace, url, timeout, outage: Arc::default() })
+        Ok(Server { leases, client, namespace, url, timeout, outage: Arc::default(), written: Arc::default() })
+    }
+
+    /// Whether this handle writes object `name` for the first time (as far as it remembers).
+    pub fn first_write(&self, name: &str) -> bool {
+        let mut written = self.written.lock().unwrap_or_else(PoisonError::into_inner);
+        if written.len() >= KNOWN {
+            written.clear();
+        }
+        written.insert(name.to_string())
     }
 
     /// Runs `request` within the handle's deadline; what failed is said as the rendezvous handles it.

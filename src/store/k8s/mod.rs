@@ -63,6 +63,17 @@ const CONCURRENT: usize = 32;
 
 /// Keys a list of `multi_get` selects at most (a label selector's set; the URL stays a few KiB).
 const MULTI_GET: usize = 64;
+/// Keys `multi_get` reads one by one at most, all at once: a read by name is one key of etcd's, where a
+/// list by label reads every object of the namespace (the join's looks: two or three keys, from every
+/// joiner).
+const BY_NAME: usize = 4;
+
+/// How far apart the adds of a job's nodes are spread, a node: at most this times `peers` after the call
+/// (about 60 adds a second: what the server applied to one object on 2 cores while 1024 nodes joined).
+/// The API server applies one object's writes one at a time, and a patch that finds the object changed
+/// under it is applied again, within the server, until it is not: N joiners adding at once cost it about
+/// N²/2 patches (1024 joiners: half a million, and patches given up after 60 s), N spread ones about N.
+const ADD_SPREAD: Duration = Duration::from_millis(16);
 /// Adds a counter's object holds before one folds them into its value (about 60 bytes each: the object
 /// stays small, and a fold is one write in this many).
 const FOLD_AFTER: usize = 8;
@@ -73,6 +84,8 @@ pub struct KubeStore {
     session: Arc<Session>,
     reaper: JoinHandle<()>,
     lost_after: Duration,
+    /// The most nodes of the job: how far its adds are spread.
+    peers: u32,
 }
 
 impl KubeStore {
@@ -88,7 +101,7 @@ impl KubeStore {
         let holder = Holder { id: opts.holder.clone(), ttl: opts.lease_ttl };
         let session = Session::new(server.clone(), opts.job.clone(), session_key, holder);
         let reaper = reap::start(server.clone(), opts.job.clone(), opts.lease_ttl, opts.peers, session.name());
-        Ok(KubeStore { server, job: opts.job.as_str().into(), session, reaper, lost_after: opts.lease_ttl })
+        Ok(KubeStore { server, job: opts.job.as_str().into(), session, reaper, lost_after: opts.lease_ttl, peers: opts.peers })
     }
 
     /// The API server's URL and the namespace, for the banner.
@@ -171,37 +184,49 @@ async fn write(server: &Server, job: &str, key: &str, value: &[u8], link: Link<'
 }
 
 /// `lease` patched over `name`, its annotations replacing what the object held (a value written over a
-/// counter's adds drops them), or created where it is absent.
+/// counter's adds drops them), or created where it is absent: first, where this handle has not written it
+/// before (most keys the rendezvous sets are new: records, assignments, a session's first beat).
 async fn overwrite(server: &Server, name: &str, lease: &Lease, op: &'static str) -> Result<Lease, StoreError> {
     let mut patch = serde_json::to_value(lease).map_err(|e| server.failed(op, e))?;
     if let Some(annotations) = patch.pointer_mut("/metadata/annotations").and_then(serde_json::Value::as_object_mut) {
         annotations.insert("$patch".into(), "replace".into());
     }
-    upsert(server, name, &Patch::Strategic(patch), lease, op).await
+    upsert(server, name, &Patch::Strategic(patch), lease, op, server.first_write(name)).await
 }
 
 /// `patch` applied to `name`, or `lease` created where it is absent (raced by another creator: patched
-/// again). The server retries a patch that lost to another write a few times, then answers 409: a key many
-/// write at once (every joiner's slot), patched again after a random wait.
-async fn upsert<P: serde::Serialize + std::fmt::Debug>(server: &Server, name: &str, patch: &Patch<P>, lease: &Lease, op: &'static str) -> Result<Lease, StoreError> {
-    let (mut backoff, mut creates) = (Backoff::default(), 0);
+/// again). `fresh`: the create is tried first (one request where the key is new, two where it is not).
+/// The server retries a patch that lost to another write a few times, then answers 409: a key many write
+/// at once (every joiner's slot), patched again after a random wait.
+async fn upsert<P: serde::Serialize + std::fmt::Debug>(
+    server: &Server,
+    name: &str,
+    patch: &Patch<P>,
+    lease: &Lease,
+    op: &'static str,
+    fresh: bool,
+) -> Result<Lease, StoreError> {
+    let (mut backoff, mut creates, mut create) = (Backoff::default(), 0, fresh);
     loop {
+        if create {
+            match server.request("create", server.leases.create(&PostParams::default(), lease)).await? {
+                Ok(written) => return Ok(written),
+                // There already: patched.
+                Err(s) if s.code == 409 => {}
+                Err(s) => return Err(server.rejected("create", s)),
+            }
+        }
         match server.request(op, server.leases.patch(name, &PatchParams::default(), patch)).await? {
             Ok(written) => return Ok(written),
             Err(s) if s.code == 409 => {
                 backoff.lost().await;
-                continue;
+                create = false;
             }
             Err(s) if !s.is_not_found() => return Err(server.rejected(op, s)),
             Err(_) if creates == 3 => {
                 return Err(server.failed(op, format!("{name} was deleted under this write three times")));
             }
-            Err(_) => creates += 1,
-        }
-        match server.request("create", server.leases.create(&PostParams::default(), lease)).await? {
-            Ok(written) => return Ok(written),
-            Err(s) if s.code == 409 => {}
-            Err(s) => return Err(server.rejected("create", s)),
+            Err(_) => (creates, create) = (creates + 1, true),
         }
     }
 }
@@ -231,13 +256,18 @@ impl Store for KubeStore {
         if delta == 0 {
             return self.read(key).await?.map_or(Ok(0), |e| counter(key, &e.value));
         }
+        tokio::time::sleep(ADD_SPREAD.mul_f64(f64::from(self.peers.max(1)) * reap::random_unit())).await;
         let (patch, create) = object::increment(&self.job, key, delta, &uuid::Uuid::new_v4().simple().to_string());
         let name = names::object_name(&self.job, key);
-        let written = upsert(&self.server, &name, &Patch::Merge(&patch), &create, "add").await?;
+        let written = upsert(&self.server, &name, &Patch::Merge(&patch), &create, "add", false).await?;
         let entry = object::entry(&written).map_err(|e| self.server.failed("add", e))?;
         let now = counter(key, &entry.value)?;
-        if object::adds(&written) >= FOLD_AFTER {
-            self.fold(&name, &written).await?;
+        // The add is made: a fold that fails is left to the next adder's, not reported as the add's failure
+        // (the caller would add again).
+        if folds(object::adds(&written)) {
+            if let Err(e) = self.fold(&name, &written).await {
+                tracing::debug!("cannot fold the adds of {key}: {e}");
+            }
         }
         Ok(now)
     }
@@ -273,8 +303,13 @@ impl Store for KubeStore {
             .map(drop)
     }
 
-    /// One list a [`MULTI_GET`] keys, selected by their labels: a member's look at a round is one request.
+    /// Up to [`BY_NAME`] keys, a read of each at once; more, one list a [`MULTI_GET`] keys, selected by
+    /// their labels (a member's look at its ring).
     async fn multi_get(&self, keys: &[String]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.len() <= BY_NAME {
+            let values = futures::future::try_join_all(keys.iter().map(|k| self.get(k))).await?;
+            return Ok(values.into_iter().map(|v| v.filter(|v| !v.is_empty())).collect());
+        }
         let mut found = std::collections::HashMap::new();
         for chunk in keys.chunks(MULTI_GET) {
             let selector = names::keys_selector(&self.job, chunk);
@@ -364,6 +399,14 @@ impl Backoff {
         tokio::time::sleep(self.ceiling.mul_f64(fraction)).await;
         self.ceiling = (self.ceiling * 2).min(Duration::from_millis(512));
     }
+}
+
+/// Whether the adder whose add left `adds` on the object folds them: one adder in each [`FOLD_AFTER`],
+/// the one its add made a multiple of it (the server answers each add with the object after it, so no
+/// two see the same count between folds). Every adder past it folding instead, N joiners' folds would
+/// each cost the server a patch that all but one fail.
+fn folds(adds: usize) -> bool {
+    adds > 0 && adds % FOLD_AFTER == 0
 }
 
 /// A counter's value; empty is 0, as an absent key.

@@ -36,7 +36,7 @@ pub fn next_sweep(ttl: Duration, sessions: u32, unit: f64) -> Duration {
     period.mul_f64(unit.clamp(0.0, 1.0))
 }
 
-fn random_unit() -> f64 {
+pub(super) fn random_unit() -> f64 {
     (uuid::Uuid::new_v4().as_u128() >> 75) as f64 / (1u64 << 53) as f64
 }
 

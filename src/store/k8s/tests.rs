@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::testing::{TestKube, User};
-use super::{names, object, KubeStore, FOLD_AFTER};
+use super::{folds, names, object, KubeStore, FOLD_AFTER};
 use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
 fn granted() -> TestKube {
@@ -68,6 +68,12 @@ async fn a_counters_adds_are_folded_into_its_value() {
     let lease = s.server.leases.get(&names::object_name(&s.job, "many")).await.unwrap();
     assert!(object::adds(&lease) < FOLD_AFTER, "{} adds left on the object", object::adds(&lease));
     assert_eq!(s.add("many", 0).await.unwrap(), 3 * FOLD_AFTER as i64 + 2);
+}
+
+#[test]
+fn one_adder_in_each_fold_after_folds() {
+    let folders: Vec<usize> = (0..=3 * FOLD_AFTER).filter(|&adds| folds(adds)).collect();
+    assert_eq!(folders, [FOLD_AFTER, 2 * FOLD_AFTER, 3 * FOLD_AFTER]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

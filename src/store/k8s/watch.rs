@@ -1,6 +1,9 @@
-//! Watches on the API server: one stream for every key a caller follows (`muster.dev/k in (...)`) and
-//! one per prefix (the prefix's depth label), never one on the whole job, whose heartbeats would reach
-//! every node: a member's beat is delivered to its two ring watchers only. Each stream starts where a
+//! Watches on the API server: one stream for every key a caller follows (`muster.dev/k in (...)`; one key
+//! by its object's name) and one per prefix (the prefix's depth label), never one on the whole job, whose
+//! heartbeats would reach every node: a member's beat is delivered to its two ring watchers only. A label
+//! selector is evaluated on every object of the namespace (etcd has no labels: a list that is not served
+//! from the server's cache reads them all), a name is one key: a wait for one key, the join's look at the
+//! seal, costs the server the same at any size of job. Each stream starts where a
 //! list of its objects left off (the list's resourceVersion), so every write after `follow` returns is
 //! delivered and none before it; the list's keys are remembered. A stream the server ends (its timeout, a
 //! restart) is opened again from the last resourceVersion it delivered; one the server answers 410 Gone
@@ -28,11 +31,40 @@ const STREAM_SECONDS: u32 = 280;
 /// Between tries to open a stream again.
 const RETRY: Duration = Duration::from_millis(500);
 
-/// One stream's selection: a label selector, and the keys under it the caller asked for.
+/// One stream's selection: how the server selects its objects, and the keys among them the caller asked
+/// for.
 #[derive(Debug, Clone)]
 struct Group {
-    selector: String,
+    select: Select,
     wanted: Filter,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Select {
+    /// Every object under a prefix: one label selector, for the list and the watch.
+    Prefix(String),
+    /// These objects: watched by their key labels (one by its name), read by their names.
+    Keys { names: Vec<String>, selector: String },
+}
+
+impl Select {
+    fn keys(job: &str, keys: &[String]) -> Select {
+        let names = keys.iter().map(|k| names::object_name(job, k)).collect();
+        Select::Keys { names, selector: names::keys_selector(job, keys) }
+    }
+
+    fn watch(&self) -> WatchParams {
+        let params = WatchParams::default().timeout(STREAM_SECONDS);
+        match self {
+            Select::Keys { names, .. } if names.len() == 1 => params.fields(&by_name(&names[0])),
+            Select::Prefix(selector) | Select::Keys { selector, .. } => params.labels(selector),
+        }
+    }
+}
+
+/// The field selector of one object: the server reads it as one key of etcd's.
+fn by_name(name: &str) -> String {
+    format!("metadata.name={name}")
 }
 
 #[derive(Debug, Clone)]
@@ -54,11 +86,11 @@ fn groups(job: &str, targets: &[WatchTarget]) -> Vec<Group> {
     let keys: Vec<String> = targets.iter().filter_map(|t| if let WatchTarget::Key(k) = t { Some(k.clone()) } else { None }).collect();
     let mut groups = Vec::new();
     if !keys.is_empty() {
-        groups.push(Group { selector: names::keys_selector(job, &keys), wanted: Filter::Keys(keys.into_iter().collect()) });
+        groups.push(Group { select: Select::keys(job, &keys), wanted: Filter::Keys(keys.into_iter().collect()) });
     }
     for target in targets {
         if let WatchTarget::Prefix(p) = target {
-            groups.push(Group { selector: names::prefix_selector(job, p), wanted: Filter::Prefix(p.clone()) });
+            groups.push(Group { select: Select::Prefix(names::prefix_selector(job, p)), wanted: Filter::Prefix(p.clone()) });
         }
     }
     groups
@@ -82,7 +114,7 @@ pub(super) async fn follow(server: &Server, job: &str, targets: &[WatchTarget], 
 /// The list is the server's cache as it is: a key it has not seen yet comes by the watch from there, and a
 /// busy server answers at once rather than after catching up with etcd (at 256 nodes joining, seconds).
 pub(super) async fn wait_for(server: &Server, job: &str, key: &str, deadline: Instant) -> Result<bool, StoreError> {
-    let group = Group { selector: names::keys_selector(job, &[key.to_string()]), wanted: Filter::Keys(HashSet::from([key.to_string()])) };
+    let group = Group { select: Select::keys(job, &[key.to_string()]), wanted: Filter::Keys(HashSet::from([key.to_string()])) };
     loop {
         let (known, version) = list(server, &group, Read::Cached).await?;
         if !known.is_empty() {
@@ -119,16 +151,33 @@ enum Read {
     Cached,
 }
 
-/// The keys of `group` that exist, and the resourceVersion of that reading.
+/// The keys of `group` that exist, and a resourceVersion to watch from: every change after it is one the
+/// reading may not show. A prefix is one list by label; keys are read by name, the first alone (its version
+/// is the one returned), the rest together after it (a change between two reads comes by the watch as
+/// well: the caller re-reads what an event names).
 async fn list(server: &Server, group: &Group, read: Read) -> Result<(HashSet<String>, String), StoreError> {
-    let params = ListParams::default().labels(&group.selector);
-    let params = match read {
-        Read::Current => params,
-        Read::Cached => params.match_any(),
+    let (first, rest) = match &group.select {
+        Select::Prefix(selector) => (ListParams::default().labels(selector), Vec::new()),
+        Select::Keys { names, .. } => {
+            let mut params = names.iter().map(|n| ListParams::default().fields(&by_name(n)));
+            (params.next().unwrap_or_default(), params.collect())
+        }
     };
-    let found = server.call("list", server.leases.list(&params)).await?;
+    let params = |p: ListParams| match read {
+        Read::Current => p,
+        Read::Cached => p.match_any(),
+    };
+    let found = server.call("list", server.leases.list(&params(first))).await?;
     let version = found.metadata.resource_version.clone().unwrap_or_default();
-    let known = found.items.iter().filter_map(|l| object::entry(l).ok()).map(|e| e.key).filter(|k| group.wanted.wants(k)).collect();
+    let rest: Vec<ListParams> = rest.into_iter().map(params).collect();
+    let more = futures::future::try_join_all(rest.iter().map(|p| server.call("list", server.leases.list(p)))).await?;
+    let known = std::iter::once(found)
+        .chain(more)
+        .flat_map(|list| list.items)
+        .filter_map(|l| object::entry(&l).ok())
+        .map(|e| e.key)
+        .filter(|k| group.wanted.wants(k))
+        .collect();
     Ok((known, version))
 }
 
@@ -136,8 +185,7 @@ type Events = std::pin::Pin<Box<dyn Stream<Item = Result<KubeEvent<Lease>, kube:
 
 /// The stream from `version`; Err(410) inside: that version is compacted away.
 async fn open(server: &Server, group: &Group, version: &str) -> Result<Result<Events, kube::core::Status>, StoreError> {
-    let params = WatchParams::default().labels(&group.selector).timeout(STREAM_SECONDS);
-    Ok(server.request("watch", server.leases.watch(&params, version)).await?.map(StreamExt::boxed))
+    Ok(server.request("watch", server.leases.watch(&group.select.watch(), version)).await?.map(StreamExt::boxed))
 }
 
 struct Follower {
@@ -276,7 +324,21 @@ mod tests {
         let groups = groups("j/", &targets);
         assert_eq!(groups.len(), 3);
         assert!(groups[0].wanted.wants("j/alive/a") && !groups[0].wanted.wants("j/alive/b"));
+        let keys = ["j/round".to_string(), "j/alive/a".to_string()];
+        let names = keys.iter().map(|k| names::object_name("j/", k)).collect();
+        assert_eq!(groups[0].select, Select::Keys { names, selector: names::keys_selector("j/", &keys) });
+        assert_eq!(groups[0].select.watch().label_selector, Some(names::keys_selector("j/", &keys)));
         assert!(groups[1].wanted.wants("j/waiting/x") && !groups[1].wanted.wants("j/acks/x"));
-        assert_eq!(groups[2].selector, names::prefix_selector("j/", "j/acks/"));
+        assert_eq!(groups[2].select, Select::Prefix(names::prefix_selector("j/", "j/acks/")));
+    }
+
+    #[test]
+    fn one_key_is_selected_by_its_name() {
+        let groups = groups("j/", &[WatchTarget::Key("j/r/3/sealed".into())]);
+        assert_eq!(groups.len(), 1);
+        assert!(groups[0].wanted.wants("j/r/3/sealed") && !groups[0].wanted.wants("j/r/3/sealer"));
+        let watch = groups[0].select.watch();
+        assert_eq!(watch.field_selector, Some(format!("metadata.name={}", names::object_name("j/", "j/r/3/sealed"))));
+        assert_eq!(watch.label_selector, None);
     }
 }
