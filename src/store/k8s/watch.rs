@@ -39,6 +39,13 @@ struct Group {
     wanted: Filter,
 }
 
+impl Group {
+    /// Exactly `keys` (not empty): read by name, watched by their labels (one by its name).
+    fn keys(job: &str, keys: Vec<String>) -> Group {
+        Group { select: Select::keys(job, &keys), wanted: Filter::Keys(keys.into_iter().collect()) }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 enum Select {
     /// Every object under a prefix: one label selector, for the list and the watch.
@@ -86,7 +93,7 @@ fn groups(job: &str, targets: &[WatchTarget]) -> Vec<Group> {
     let keys: Vec<String> = targets.iter().filter_map(|t| if let WatchTarget::Key(k) = t { Some(k.clone()) } else { None }).collect();
     let mut groups = Vec::new();
     if !keys.is_empty() {
-        groups.push(Group { select: Select::keys(job, &keys), wanted: Filter::Keys(keys.into_iter().collect()) });
+        groups.push(Group::keys(job, keys));
     }
     for target in targets {
         if let WatchTarget::Prefix(p) = target {
@@ -114,7 +121,7 @@ pub(super) async fn follow(server: &Server, job: &str, targets: &[WatchTarget], 
 /// The list is the server's cache as it is: a key it has not seen yet comes by the watch from there, and a
 /// busy server answers at once rather than after catching up with etcd (at 256 nodes joining, seconds).
 pub(super) async fn wait_for(server: &Server, job: &str, key: &str, deadline: Instant) -> Result<bool, StoreError> {
-    let group = Group { select: Select::keys(job, &[key.to_string()]), wanted: Filter::Keys(HashSet::from([key.to_string()])) };
+    let group = Group::keys(job, vec![key.to_string()]);
     loop {
         let (known, version) = list(server, &group, Read::Cached).await?;
         if !known.is_empty() {
