@@ -10,8 +10,9 @@ resumes from the last checkpoint that rank 0 wrote:
     muster --standalone --nproc-per-node=2 --max-restarts=1 examples/train.py \\
         --crash-at-step 12 --crash-rank 1 --ckpt-every 5
 
-The model is a 2-layer MLP fitting a fixed synthetic regression task; each rank trains on its own shard
-of the data and DistributedDataParallel (gloo) averages the gradients.
+The model is a 2-layer MLP fitting a fixed synthetic regression task. A DataLoader with a
+DistributedSampler gives each rank its own shard of the data, reshuffled every epoch, and
+DistributedDataParallel (gloo) averages the gradients: the shape of most users' training loops.
 """
 
 import argparse
@@ -25,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 SAMPLES, FEATURES, HIDDEN, BATCH = 1024, 16, 32, 128
 
@@ -59,6 +61,20 @@ def dataset():
     w = torch.randn(FEATURES, 1, generator=g)
     y = 3 * torch.tanh(x @ w / 4) + 0.05 * torch.randn(SAMPLES, 1, generator=g)
     return x, y
+
+
+def batches_from(loader, sampler, step):
+    """This rank's batches from optimizer step `step` on, epoch after epoch: the sampler reshuffles each
+    epoch (the same order on every rank, by epoch), and a resumed job skips the batches of its epoch that
+    the checkpoint's steps already consumed, so it sees what an uninterrupted run would have."""
+    per_epoch = len(loader)
+    epoch, skip = divmod(step, per_epoch)
+    while True:
+        sampler.set_epoch(epoch)
+        for i, batch in enumerate(loader):
+            if i >= skip:
+                yield batch
+        epoch, skip = epoch + 1, 0
 
 
 def save_checkpoint(path, model, optimizer, step):
@@ -106,9 +122,10 @@ def main():
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
     assert agreed.item() == start, f"rank {rank} resumed from step {start}, another rank from {agreed.item()}"
 
-    x, y = dataset()
-    x, y = x[rank::world], y[rank::world]  # this rank's shard
-    batches = len(x) // BATCH
+    data = TensorDataset(*dataset())
+    sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0, drop_last=True)
+    loader = DataLoader(data, batch_size=BATCH, sampler=sampler, drop_last=True)
+    batches = batches_from(loader, sampler, start)
 
     loss = torch.tensor(float("nan"))
     for step in range(start, args.steps):
@@ -119,9 +136,9 @@ def main():
         if args.crash_at_step == step and args.crash_rank == rank and restart_count == 0:
             print(f"rank {rank}: injected crash at step {step}", flush=True)
             os._exit(1)
-        i = (step % batches) * BATCH
+        x, y = next(batches)
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x[i:i + BATCH]), y[i:i + BATCH])
+        loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()  # DDP all-reduces (averages) the gradients here
         optimizer.step()
         done = step + 1

@@ -203,12 +203,16 @@ def rendezvous_errors(name, doc):
             errors.append(f"{name}: the muster container's args lack --rdzv-backend=k8s")
         if t["spec"].get("serviceAccountName") != "muster":
             errors.append(f"{name}: the pod template's serviceAccountName is not muster (rbac.yaml binds that one)")
+        pod_name = {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}
+        if pod_name not in container.get("env", []):
+            errors.append(f"{name}: the muster container lacks POD_NAME from metadata.name (its Job then owns the Leases)")
     return errors
 
 
 def rbac_errors(root):
     """rbac.yaml's Role grants on Leases exactly the verbs the store checks for at start (src/store/k8s/access.rs),
-    and its RoleBinding gives that Role to the service account muster."""
+    and on pods only get (src/store/k8s/owner.rs: the pod's controller owns the job's Leases); its RoleBinding
+    gives that Role to the service account muster."""
     source = (root / "src/store/k8s/access.rs").read_text()
     found = re.search(r"pub const VERBS: \[&str; \d+\] = \[([^\]]*)\]", source)
     if not found:
@@ -220,7 +224,8 @@ def rbac_errors(root):
     if role is None or binding is None or "ServiceAccount" not in docs:
         return ["rbac.yaml: a ServiceAccount, a Role and a RoleBinding are expected"]
     rules = role.get("rules", [])
-    wanted = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": sorted(verbs)}]
+    wanted = [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": sorted(verbs)},
+              {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]}]
     if [{**r, "verbs": sorted(r.get("verbs", []))} for r in rules] != wanted:
         errors.append(f"rbac.yaml: the Role must grant exactly {wanted} (the store's verbs), it grants {rules}")
     subjects = [(s.get("kind"), s.get("name")) for s in binding.get("subjects", [])]
@@ -253,7 +258,8 @@ def main():
         sys.exit(1)
     print("packaging/k8s: schemas valid; exit-code policies match docs/exit-codes.md (PyTorchJob's known gaps: "
           "3, 75 and the signals other than 130, 137, 138 and 143 fail the job); every pod meets its peers in the "
-          "API server as the service account rbac.yaml binds, whose Role grants the store's verbs and no more")
+          "API server as the service account rbac.yaml binds, whose Role grants the store's verbs and no more, "
+          "and names its pod (POD_NAME) so that its Job owns the rendezvous Leases")
 
 
 if __name__ == "__main__":

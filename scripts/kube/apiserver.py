@@ -13,10 +13,13 @@ Commands (D is a directory of its own; every command but `start` reads D/apiserv
         on stdout: {"url", "port", "kubeconfig": {user: path}, "etcd_endpoint", "pid", ...}. --owner PID:
         a watchdog stops everything once PID is gone.
     apiserver.py grant --dir D --manifest F   creates each object of F (YAML documents: ServiceAccount, Role,
-                                     RoleBinding, in namespace default) as admin: packaging/k8s/rbac.yaml as shipped
+                                     RoleBinding, Pod, in namespace default) as admin: packaging/k8s/rbac.yaml as
+                                     shipped, or a pod that a Job owns (no node runs it: it only stands there)
     apiserver.py restart --dir D     kill -9 of kube-apiserver, started again on the same port and etcd, ready
     apiserver.py stop --dir D        kills kube-apiserver, etcd and the watchdog; removes what `start` made
-    apiserver.py keys --dir D        the rendezvous key of every muster Lease in namespace default, one a line
+    apiserver.py keys --dir D [--owners]   the rendezvous key of every muster Lease in namespace default, one a
+                                     line; --owners: each followed by a tab and its owners (Kind/name, comma
+                                     separated; - for none)
 
 kube-apiserver on a loopback advertise address needs --endpoint-reconciler-type=none (the reconciler
 refuses 127.0.0.1 as the `kubernetes` service's endpoint and the server never becomes ready).
@@ -52,6 +55,7 @@ PATHS = {
     "ServiceAccount": "/api/v1/namespaces/default/serviceaccounts",
     "Role": "/apis/rbac.authorization.k8s.io/v1/namespaces/default/roles",
     "RoleBinding": "/apis/rbac.authorization.k8s.io/v1/namespaces/default/rolebindings",
+    "Pod": "/api/v1/namespaces/default/pods",
 }
 
 
@@ -267,9 +271,15 @@ def cmd_keys(args):
     status, body = request(state, "/apis/coordination.k8s.io/v1/namespaces/default/leases?labelSelector=muster.dev%2Fjob")
     if status != 200:
         raise ServerError(f"listing the Leases answered {status}: {body[:200]!r}")
-    items = json.loads(body)["items"]
-    keys = sorted(i["metadata"].get("annotations", {}).get("muster.dev/key", i["metadata"]["name"]) for i in items)
-    print("\n".join(keys))
+    lines = []
+    for item in json.loads(body)["items"]:
+        meta = item["metadata"]
+        line = meta.get("annotations", {}).get("muster.dev/key", meta["name"])
+        if args.owners:
+            owners = [f"{o['kind']}/{o['name']}" for o in meta.get("ownerReferences", [])]
+            line += "\t" + (",".join(owners) or "-")
+        lines.append(line)
+    print("\n".join(sorted(lines)))
 
 
 def parse(argv):
@@ -284,6 +294,7 @@ def parse(argv):
         sub.add_parser(name)
     sub.choices["watch"].add_argument("--owner", type=int, required=True)
     sub.choices["grant"].add_argument("--manifest", required=True)
+    sub.choices["keys"].add_argument("--owners", action="store_true", help="each key's owners after a tab")
     for name, sp in sub.choices.items():
         sp.add_argument("--dir", required=True)
         if name in ("start", "restart"):

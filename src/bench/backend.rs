@@ -149,6 +149,8 @@ async fn kube(
         lease_ttl: crate::config::session_ttl(settings.keep_alive_interval, settings.keep_alive_max_attempt),
         request_timeout: settings.store_timeout,
         peers: settings.max_nodes,
+        pod: None,
+        unowned: String::new(),
     };
     let probe = KubeStore::connect(&opts, timeout).await.map_err(BenchError::Kube)?;
     let name = format!("Kubernetes API server at {}", probe.describe());

@@ -344,7 +344,9 @@ pub(super) fn resolve(
         "etcd" | "etcd-v2" | "etcd-v3" => {
             Rendezvous::Etcd(super::etcd::options(&super::etcd::target(&endpoint, conf)?, etcd_credentials, conf))
         }
-        "k8s" | "kubernetes" => Rendezvous::Kube(super::k8s::target(&endpoint, conf)?),
+        "k8s" | "kubernetes" => {
+            Rendezvous::Kube(super::k8s::target(&endpoint, conf, super::k8s::pod_name(std::env::var("POD_NAME"))?)?)
+        }
         other => {
             return Err(bad(format!(
                 "invalid value '{other}' for '--rdzv-backend': use static, c10d, etcd, etcd-v2, etcd-v3 or k8s (kubernetes)"

@@ -21,7 +21,7 @@ use super::{unix_ms, RdzvError, Rendezvous};
 use crate::store::Store;
 
 /// The key (under the run's prefix) the incidents live under.
-pub(super) const CULPRITS: &str = "culprits/";
+pub const CULPRITS: &str = "culprits/";
 
 /// The kind a drain is recorded with.
 const DRAIN: &str = "drain";

@@ -56,7 +56,7 @@ mod wire;
 
 pub use budget::RestartBudget;
 pub use ending::LINGER_INTERVALS;
-pub use lemons::{forget, readmit, Incident, KeptOut};
+pub use lemons::{forget, readmit, Incident, KeptOut, CULPRITS};
 pub use fence::Timing;
 pub use liveness::unix_ms;
 pub use view::{read_view, JobRestarts, JobView, NodeView};

@@ -175,7 +175,8 @@ pub fn target(args: &StatusArgs, env: &dyn Fn(&str) -> Option<String>) -> Result
             (etcd.endpoints.join(","), Backend::Etcd(options))
         }
         "k8s" | "kubernetes" => {
-            let target = config::k8s::target(endpoint, &conf).map_err(|e| e.to_string())?;
+            // Status creates no job objects but the lemon memory's (never owned): no pod to read.
+            let target = config::k8s::target(endpoint, &conf, None).map_err(|e| e.to_string())?;
             let options = KubeOptions { request_timeout: args.timeout, ..config::k8s::options(&target, &run_id, "status", 1, &conf) };
             let shown = if endpoint.is_empty() { "the Kubernetes API server".to_string() } else { format!("the Kubernetes API server of {endpoint}") };
             (shown, Backend::Kube(options))

@@ -34,13 +34,17 @@ impl Job {
 
     /// An agent running the test worker (tests/fixtures/elastic_worker.py), which records its starts.
     fn agent(&self, node: &str, nnodes: &str) -> Agent {
+        self.agent_with_env(node, nnodes, &[])
+    }
+
+    fn agent_with_env(&self, node: &str, nnodes: &str, envs: &[(&str, String)]) -> Agent {
         let args = self
             .args(nnodes)
             .opts(["--max-restarts=0", "--shutdown-timeout=5"])
             .script(fixture("elastic_worker.py"))
             .arg(self.path())
             .build();
-        Agent::start(node, &args)
+        Agent::start_with_env(node, &args, envs)
     }
 
     fn path(&self) -> &Path {
@@ -180,14 +184,18 @@ fn a_second_job_in_the_namespace_does_not_disturb_the_first() {
     assert_eq!(starts(first.path()), world, "the first job's workers started again");
 }
 
-/// `muster status --forget`: refused in one line (exit 2) while the job's agents beat, nothing deleted;
-/// once they are all SIGKILLed (no last agent to clean up) and their heartbeats are stale, it deletes the
-/// job's Leases, and the job is gone.
+/// Agents in pods a Job made (`POD_NAME`): every Lease of theirs left when they are SIGKILLed is the Job's
+/// (the cluster's garbage collector would delete it with the Job) but the lemon memory. `muster status
+/// --forget`: refused in one line (exit 2) while the job's agents beat, nothing deleted; once they are all
+/// SIGKILLed (no last agent to clean up) and their heartbeats are stale, it deletes the job's Leases, and
+/// the job is gone.
 #[test]
 fn status_forget_deletes_a_dead_jobs_leases_and_refuses_a_running_one() {
     let server = KubeServer::start();
+    server.create(&fixture("job-pods.yaml"));
     let job = Job::new(&server, User::Agent, "k8sforget");
-    let agents = vec![job.agent("a", "2"), job.agent("b", "2")];
+    let in_pod = |pod: &str| [("POD_NAME", pod.to_string())];
+    let agents = vec![job.agent_with_env("a", "2", &in_pod("trainer-a")), job.agent_with_env("b", "2", &in_pod("trainer-b"))];
     wait_world(job.path(), 4, 4);
     let status = |forget: bool| {
         let mut cmd = muster();
@@ -206,6 +214,11 @@ fn status_forget_deletes_a_dead_jobs_leases_and_refuses_a_running_one() {
     for a in &agents {
         a.kill9();
     }
+    let owners = server.owners();
+    let culprits = format!("muster/{}/culprits/", job.run_id);
+    let unowned: Vec<&(String, String)> = owners.iter().filter(|(k, o)| !k.starts_with(&culprits) && o != "Job/trainer" && !o.starts_with("Lease/")).collect();
+    assert!(unowned.is_empty(), "not the Job's: {unowned:?}");
+    assert!(owners.iter().any(|(k, o)| k.ends_with("/fingerprint") && o == "Job/trainer"), "{owners:?}");
     let mut forgotten = None;
     assert!(eventually(LONG, || {
         let out = status(true);

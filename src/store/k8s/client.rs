@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::Api;
+use kube::api::{Api, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::core::Status;
 use kube::{Client, Config};
 
+use super::object::{self, Owner};
 use crate::store::{Outage, StoreError};
 
 /// Where the API server is and who this agent is there.
@@ -41,6 +42,8 @@ pub struct Server {
     outage: Arc<Outage>,
     /// Objects this handle wrote (at most [`KNOWN`] names): a write patches them first, creates others first.
     written: Arc<Mutex<HashSet<String>>>,
+    /// The owner of the objects this handle creates, found once at connect.
+    owner: Option<Arc<Owner>>,
 }
 
 /// Names a handle remembers having written; forgetting them all costs one request each at most.
@@ -55,7 +58,25 @@ impl Server {
         let client = Client::try_from(config)
             .map_err(|e| StoreError::BadSetting { what: format!("cannot make a client of the API server at {url}: {e}") })?;
         let leases = Api::namespaced(client.clone(), &namespace);
-        Ok(Server { leases, client, namespace, url, timeout, outage: Arc::default(), written: Arc::default() })
+        Ok(Server { leases, client, namespace, url, timeout, outage: Arc::default(), written: Arc::default(), owner: None })
+    }
+
+    /// This handle's objects owned by `owner` from now on.
+    pub fn owned_by(self, owner: Option<Owner>) -> Server {
+        Server { owner: owner.map(Arc::new), ..self }
+    }
+
+    /// Creates `lease`, owned as [`object::owned`] says.
+    pub fn create(&self, lease: &Lease) -> impl Future<Output = Result<Lease, kube::Error>> + Send + 'static {
+        let (leases, lease) = (self.leases.clone(), object::owned(lease, self.owner.as_deref()));
+        async move { leases.create(&PostParams::default(), &lease).await }
+    }
+
+    /// Replaces object `name` with `lease` (an update: conditional where `lease` has a resourceVersion),
+    /// owned as a create would make it: an update replaces the owners too.
+    pub fn replace(&self, name: &str, lease: &Lease) -> impl Future<Output = Result<Lease, kube::Error>> + Send + 'static {
+        let (leases, name, lease) = (self.leases.clone(), name.to_string(), object::owned(lease, self.owner.as_deref()));
+        async move { leases.replace(&name, &PostParams::default(), &lease).await }
     }
 
     /// Whether this handle writes object `name` for the first time (as far as it remembers).
@@ -139,7 +160,7 @@ fn verb(op: &str) -> &str {
         "create" => "create",
         "delete" => "delete",
         "delete_collection" => "deletecollection",
-        "set" | "beat" | "add" | "fold" => "patch",
+        "set" | "beat" => "patch",
         _ => "update",
     }
 }

@@ -1,7 +1,7 @@
 //! The [`Store`] trait on the Kubernetes API server, so that a job on Kubernetes needs neither a special
 //! pod nor an etcd of its own: the cluster's control plane is the rendezvous. Each key is one
-//! `coordination.k8s.io/v1` Lease of the job's namespace (`names`, `object`); compare-and-set is an update
-//! conditional on the object's resourceVersion, a counter's add an unconditional patch; watches resume
+//! `coordination.k8s.io/v1` Lease of the job's namespace (`names`, `object`); compare-and-set and a
+//! counter's add are updates conditional on the object's resourceVersion; watches resume
 //! from a resourceVersion and list again on 410 Gone (`watch`); the session is a Lease its holder renews,
 //! the heartbeat's own object (`session`), and sessions not renewed are reaped by the agents (`reap`). The
 //! API server has no transactions: a write of several keys is several writes, sent together.
@@ -10,6 +10,7 @@ mod access;
 mod client;
 mod names;
 mod object;
+mod owner;
 mod reap;
 mod session;
 mod watch;
@@ -24,7 +25,7 @@ use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -55,6 +56,11 @@ pub struct KubeOptions {
     pub request_timeout: Duration,
     /// The most nodes of the job: paces the reapers' sweeps from the start.
     pub peers: u32,
+    /// The pod this agent runs in (`POD_NAME`, from the downward API): its controller (a Job, PyTorchJob,
+    /// Volcano Job) owns the job's objects, so they go with it. None: the last agent deletes them.
+    pub pod: Option<String>,
+    /// Keys under this prefix are never owned (the lemon memory, which a requeued job keeps).
+    pub unowned: String,
 }
 
 /// Writes at most this many keys at once (a sealer's assignments): the API server's default
@@ -68,15 +74,12 @@ const MULTI_GET: usize = 64;
 /// joiner).
 const BY_NAME: usize = 4;
 
-/// How far apart the adds of a job's nodes are spread, a node: at most this times `peers` after the call
-/// (about 60 adds a second: what the server applied to one object on 2 cores while 1024 nodes joined).
-/// The API server applies one object's writes one at a time, and a patch that finds the object changed
-/// under it is applied again, within the server, until it is not: N joiners adding at once cost it about
-/// N²/2 patches (1024 joiners: half a million, and patches given up after 60 s), N spread ones about N.
+/// How far apart the adds of a job's nodes are spread, a node: the first try waits at most this times
+/// `peers` (about 60 adds a second, what the API server applied to one object on 2 cores while 1024
+/// nodes joined), and a lost one retries within that, at most. The server applies one object's writes one
+/// at a time: N joiners adding to it at once must be spread where they start, or N-1 of them lose each
+/// write.
 const ADD_SPREAD: Duration = Duration::from_millis(16);
-/// Adds a counter's object holds before one folds them into its value (about 60 bytes each: the object
-/// stays small, and a fold is one write in this many).
-const FOLD_AFTER: usize = 8;
 
 pub struct KubeStore {
     server: Server,
@@ -97,6 +100,11 @@ impl KubeStore {
             Ok(checked) => checked?,
             Err(_) => return Err(server.unreachable("review", format!("no answer within {connect_timeout:?}"))),
         }
+        let owner = match &opts.pod {
+            Some(pod) => owner::find(&server, pod, opts.unowned.clone()).await?,
+            None => None,
+        };
+        let server = server.owned_by(owner);
         let session_key = opts.session_key.clone().unwrap_or_else(|| format!("{}sessions/{}", opts.job, uuid::Uuid::new_v4().simple()));
         let holder = Holder { id: opts.holder.clone(), ttl: opts.lease_ttl };
         let session = Session::new(server.clone(), opts.job.clone(), session_key, holder);
@@ -131,36 +139,22 @@ impl KubeStore {
 
     /// A write conditional on `current` (None: the key is absent): whether it won.
     async fn write_if(&self, key: &str, current: Option<&Entry>, value: &[u8]) -> Result<bool, StoreError> {
-        let leases = &self.server.leases;
         let answer = match current {
             None => {
                 let lease = object::lease(&self.job, key, value, None, Link::None);
-                self.server.request("create", leases.create(&PostParams::default(), &lease)).await?
+                self.server.request("create", self.server.create(&lease)).await?
             }
             Some(e) => {
                 let name = e.session.clone().unwrap_or_default();
                 let link = if name.is_empty() { Link::None } else { Link::SessionKey { session: &name, uid: None } };
                 let lease = object::lease(&self.job, key, value, Some(&e.version), link);
-                self.server.request("compare_set", leases.replace(&names::object_name(&self.job, key), &PostParams::default(), &lease)).await?
+                self.server.request("compare_set", self.server.replace(&names::object_name(&self.job, key), &lease)).await?
             }
         };
         match answer {
             Ok(_) => Ok(true),
             Err(s) if s.code == 409 || s.is_not_found() => Ok(false),
             Err(s) => Err(self.server.rejected("compare_set", s)),
-        }
-    }
-
-    /// Folds the adds `written` holds into its value; a fold that lost to another one changes nothing.
-    async fn fold(&self, name: &str, written: &Lease) -> Result<(), StoreError> {
-        let Some(ops) = object::fold(written) else { return Ok(()) };
-        let ops: json_patch::Patch = serde_json::from_value(ops).map_err(|e| self.server.failed("fold", e))?;
-        let patch = Patch::Json::<()>(ops);
-        match self.server.request("fold", self.server.leases.patch(name, &PatchParams::default(), &patch)).await? {
-            Ok(_) => Ok(()),
-            // Another fold won (the test failed: 422), or the key went.
-            Err(s) if s.code == 422 || s.is_not_found() => Ok(()),
-            Err(s) => Err(self.server.rejected("fold", s)),
         }
     }
 
@@ -196,8 +190,8 @@ async fn overwrite(server: &Server, name: &str, lease: &Lease, op: &'static str)
 
 /// `patch` applied to `name`, or `lease` created where it is absent (raced by another creator: patched
 /// again). `fresh`: the create is tried first (one request where the key is new, two where it is not).
-/// The server retries a patch that lost to another write a few times, then answers 409: a key many write
-/// at once (every joiner's slot), patched again after a random wait.
+/// The server retries a patch that lost to another write a few times, then answers 409: patched again
+/// after a random wait.
 async fn upsert<P: serde::Serialize + std::fmt::Debug>(
     server: &Server,
     name: &str,
@@ -209,7 +203,7 @@ async fn upsert<P: serde::Serialize + std::fmt::Debug>(
     let (mut backoff, mut creates, mut create) = (Backoff::default(), 0, fresh);
     loop {
         if create {
-            match server.request("create", server.leases.create(&PostParams::default(), lease)).await? {
+            match server.request("create", server.create(lease)).await? {
                 Ok(written) => return Ok(written),
                 // There already: patched.
                 Err(s) if s.code == 409 => {}
@@ -247,29 +241,30 @@ impl Store for KubeStore {
         Ok(self.read(key).await?.map(|e| e.value))
     }
 
-    /// A decimal counter (as torch's store keeps one). An add is one unconditional patch adding its own
-    /// annotation (its delta); the server applies patches one at a time, so what it answers is the sum up
-    /// to this add: N nodes taking a slot at once cost N requests, not N² conditional writes lost and
-    /// retried. An adder that sees [`FOLD_AFTER`] adds folds them into the value, so that the object, which
-    /// every write of it copies, stays small.
+    /// A decimal counter (as torch's store keeps one): read, then an update conditional on the version
+    /// read, tried again after a random wait where another add won. Not an unconditional patch: the API
+    /// server applies a patch that lost again and again within itself, holding the request, so N joiners
+    /// patching one object at once cost it about N²/2 applications (at 1024 joiners on 2 cores, patches
+    /// given up after 60 s); a conditional update that lost is refused at once (409), and its retry waits
+    /// where it started.
     async fn add(&self, key: &str, delta: i64) -> Result<i64, StoreError> {
         if delta == 0 {
             return self.read(key).await?.map_or(Ok(0), |e| counter(key, &e.value));
         }
-        tokio::time::sleep(ADD_SPREAD.mul_f64(f64::from(self.peers.max(1)) * reap::random_unit())).await;
-        let (patch, create) = object::increment(&self.job, key, delta, &uuid::Uuid::new_v4().simple().to_string());
-        let name = names::object_name(&self.job, key);
-        let written = upsert(&self.server, &name, &Patch::Merge(&patch), &create, "add", false).await?;
-        let entry = object::entry(&written).map_err(|e| self.server.failed("add", e))?;
-        let now = counter(key, &entry.value)?;
-        // The add is made: a fold that fails is left to the next adder's, not reported as the add's failure
-        // (the caller would add again).
-        if folds(object::adds(&written)) {
-            if let Err(e) = self.fold(&name, &written).await {
-                tracing::debug!("cannot fold the adds of {key}: {e}");
+        let spread = ADD_SPREAD * self.peers.max(1);
+        tokio::time::sleep(spread.mul_f64(reap::random_unit())).await;
+        let mut backoff = Backoff::spread_over(spread);
+        loop {
+            let current = self.read(key).await?;
+            let held = current.as_ref().map_or(Ok(0), |e| counter(key, &e.value))?;
+            let now = held.checked_add(delta).ok_or_else(|| StoreError::BadSetting {
+                what: format!("add of {delta} to {key}, which holds {held}: the count would overflow"),
+            })?;
+            if self.write_if(key, current.as_ref(), now.to_string().as_bytes()).await? {
+                return Ok(now);
             }
+            backoff.lost().await;
         }
-        Ok(now)
     }
 
     /// Absent counts as empty: an empty `expected` matches a missing key and an empty value.
@@ -380,33 +375,32 @@ impl Store for KubeStore {
 }
 
 /// The wait after a conditional write lost to another writer of the key: random, below a ceiling that
-/// doubles with each loss (2 ms to 512 ms). A lost write costs two requests here (the update refused, the
-/// read again), so N writers of one key at once (a lock every node tries) retrying at once would cost the
-/// server about N² of them; spread, about N log N.
+/// doubles with each loss (2 ms to 512 ms by default). A lost write costs two requests here (the update
+/// refused, the read again), so N writers of one key at once (a lock every node tries) retrying at once
+/// would cost the server about N² of them; spread, about N log N.
 struct Backoff {
     ceiling: Duration,
+    most: Duration,
 }
 
 impl Default for Backoff {
     fn default() -> Backoff {
-        Backoff { ceiling: Duration::from_millis(2) }
+        Backoff { ceiling: Duration::from_millis(2), most: Duration::from_millis(512) }
     }
 }
 
 impl Backoff {
-    async fn lost(&mut self) {
-        let fraction = (std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), Instant::now()) % 1024) as f64 / 1024.0;
-        tokio::time::sleep(self.ceiling.mul_f64(fraction)).await;
-        self.ceiling = (self.ceiling * 2).min(Duration::from_millis(512));
+    /// For writers spread over `spread` at first (a counter's adds): from a sixteenth of it to all of it,
+    /// so that the writers a loss shows are many do not come back faster than they first came.
+    fn spread_over(spread: Duration) -> Backoff {
+        let default = Backoff::default();
+        Backoff { ceiling: (spread / 16).max(default.ceiling), most: spread.max(default.most) }
     }
-}
 
-/// Whether the adder whose add left `adds` on the object folds them: one adder in each [`FOLD_AFTER`],
-/// the one its add made a multiple of it (the server answers each add with the object after it, so no
-/// two see the same count between folds). Every adder past it folding instead, N joiners' folds would
-/// each cost the server a patch that all but one fail.
-fn folds(adds: usize) -> bool {
-    adds > 0 && adds % FOLD_AFTER == 0
+    async fn lost(&mut self) {
+        tokio::time::sleep(self.ceiling.mul_f64(reap::random_unit())).await;
+        self.ceiling = (self.ceiling * 2).min(self.most);
+    }
 }
 
 /// A counter's value; empty is 0, as an absent key.

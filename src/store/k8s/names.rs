@@ -19,9 +19,6 @@ pub const ROLE_SESSION: &str = "session";
 pub const KEY_TEXT: &str = "muster.dev/key";
 /// The annotation holding the value, base64 (annotations are strings; values are bytes).
 pub const VALUE: &str = "muster.dev/v";
-/// The prefix of an add's annotation on a counter's object (`muster.dev/add-<uuid>`: its delta): an add
-/// is one unconditional patch that no other add can make fail, and the value is the sum (see `object`).
-pub const ADD: &str = "muster.dev/add-";
 /// Prefixes deeper than this are listed by the deepest label and filtered by key: labels stay few.
 pub const MAX_DEPTH: usize = 8;
 

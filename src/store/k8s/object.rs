@@ -2,8 +2,8 @@
 //! value goes in an annotation (base64: annotations are strings), the key beside it for people; a session
 //! object is a Lease whose spec says who holds it and for how long, renewed by its holder; a session key
 //! names its session object in a label, and (where a real cluster's garbage collector runs) in an owner
-//! reference, so that it goes with its session. A counter's adds are annotations of their own beside the
-//! value (N nodes adding at once then cost N patches, none refused), summed where the object is read.
+//! reference, so that it goes with its session; every other object but the lemon memory names the job
+//! (the pod's controller, where the agent found it) as its owner.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -35,8 +35,6 @@ pub enum Unreadable {
     Missing { name: String, what: &'static str },
     #[error("the Lease {name} holds a value that is not base64: {why}")]
     Value { name: String, why: String },
-    #[error("the Lease {name} holds an add that is not a decimal integer: {annotation}={delta:?}")]
-    Add { name: String, annotation: String, delta: String },
 }
 
 /// Who holds a session object, and for how long each renewal counts.
@@ -88,42 +86,23 @@ pub fn lease(job: &str, key: &str, value: &[u8], version: Option<&str>, link: Li
     }
 }
 
-/// An add of `delta` to `key`'s counter, `id` unique to it: the patch carrying its one annotation, and
-/// the object to create where the key is absent (its value empty: 0).
-pub fn increment(job: &str, key: &str, delta: i64, id: &str) -> (Lease, Lease) {
-    let annotations = BTreeMap::from([(names::KEY_TEXT.to_string(), key.to_string()), (format!("{}{id}", names::ADD), delta.to_string())]);
-    let metadata = ObjectMeta {
-        name: Some(names::object_name(job, key)),
-        labels: Some(names::labels(job, key)),
-        annotations: Some(annotations),
-        ..ObjectMeta::default()
-    };
-    let patch = Lease { metadata, spec: None };
-    let mut create = patch.clone();
-    create.metadata.annotations.get_or_insert_default().insert(names::VALUE.to_string(), String::new());
-    (patch, create)
+/// The owner of the objects this handle creates, and the keys left without one.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Owner {
+    pub reference: OwnerReference,
+    /// Keys under this prefix are created unowned (the lemon memory).
+    pub unowned: String,
 }
 
-/// How many adds `lease` holds beside its value.
-pub fn adds(lease: &Lease) -> usize {
-    lease.metadata.annotations.as_ref().map_or(0, |a| a.keys().filter(|k| k.starts_with(names::ADD)).count())
-}
-
-/// The adds `lease` holds folded into its value, as JSON patch operations: applied only while the value
-/// is the one read (else another fold won: the test fails and nothing changes), and never in an add's
-/// way (the adds since stay). None: nothing to fold, or not an object of ours.
-pub fn fold(lease: &Lease) -> Option<serde_json::Value> {
-    let annotations = lease.metadata.annotations.as_ref()?;
-    let written = annotations.get(names::VALUE)?;
-    let folded = base64::engine::general_purpose::STANDARD.encode(entry(lease).ok()?.value);
-    let path = |annotation: &str| format!("/metadata/annotations/{}", annotation.replace('~', "~0").replace('/', "~1"));
-    let mut ops = vec![
-        serde_json::json!({"op": "test", "path": path(names::VALUE), "value": written}),
-        serde_json::json!({"op": "replace", "path": path(names::VALUE), "value": folded}),
-    ];
-    ops.extend(annotations.keys().filter(|k| k.starts_with(names::ADD)).map(|k| serde_json::json!({"op": "remove", "path": path(k)})));
-    let folds = ops.len() > 2;
-    folds.then_some(serde_json::Value::Array(ops))
+/// `lease` as this handle creates it: owned by `owner` unless its key is unowned or it has an owner
+/// already (a session key goes with its session object).
+pub fn owned(lease: &Lease, owner: Option<&Owner>) -> Lease {
+    let mut lease = lease.clone();
+    let key = lease.metadata.annotations.as_ref().and_then(|a| a.get(names::KEY_TEXT));
+    if let Some(owner) = owner.filter(|o| key.is_some_and(|k| !k.starts_with(&o.unowned))) {
+        lease.metadata.owner_references.get_or_insert_with(|| vec![owner.reference.clone()]);
+    }
+    lease
 }
 
 /// How an object is tied to this handle's session.
@@ -157,31 +136,9 @@ pub fn entry(lease: &Lease) -> Result<Entry, Unreadable> {
     let value = base64::engine::general_purpose::STANDARD
         .decode(encoded)
         .map_err(|e| Unreadable::Value { name: name.clone(), why: e.to_string() })?;
-    let value = counted(&name, value, annotations)?;
     let version = meta.resource_version.clone().ok_or_else(|| missing("resourceVersion"))?;
     let session = meta.labels.as_ref().and_then(|l| l.get(names::SESSION)).cloned();
     Ok(Entry { key: key.clone(), value, version, session })
-}
-
-/// A key's value with the adds since it was written summed in. A value that is not a number refused
-/// those adds (each add said so to its caller): it stands as written.
-fn counted(name: &str, written: Vec<u8>, annotations: &BTreeMap<String, String>) -> Result<Vec<u8>, Unreadable> {
-    let mut adds = annotations.iter().filter(|(k, _)| k.starts_with(names::ADD)).peekable();
-    let base = match std::str::from_utf8(&written).map(str::trim) {
-        _ if adds.peek().is_none() => return Ok(written),
-        Ok("") => 0,
-        Ok(text) => match text.parse::<i64>() {
-            Ok(n) => n,
-            Err(_) => return Ok(written),
-        },
-        Err(_) => return Ok(written),
-    };
-    let mut sum = base;
-    for (annotation, delta) in adds {
-        let bad = || Unreadable::Add { name: name.to_string(), annotation: annotation.clone(), delta: delta.clone() };
-        sum = sum.saturating_add(delta.parse::<i64>().map_err(|_| bad())?);
-    }
-    Ok(sum.to_string().into_bytes())
 }
 
 /// A session object's renewal as its holder wrote it: the time (the holder's clock: a hint, never a
@@ -220,46 +177,27 @@ mod tests {
     }
 
     #[test]
-    fn a_counter_is_its_value_and_the_adds_since() {
-        let read = |value: &[u8], adds: &[&str]| {
-            let mut lease = lease("j/", "j/r/1/slot", value, Some("3"), Link::None);
-            let annotations = lease.metadata.annotations.as_mut().unwrap();
-            for (i, delta) in adds.iter().enumerate() {
-                annotations.insert(format!("{}{i}", names::ADD), delta.to_string());
-            }
-            entry(&lease).map(|e| String::from_utf8_lossy(&e.value).into_owned()).map_err(|e| e.to_string())
-        };
-        assert_eq!(read(b"", &["1", "1", "1"]), Ok("3".into()));
-        assert_eq!(read(b"10", &["5", "-2"]), Ok("13".into()));
-        assert_eq!(read(b"7", &[]), Ok("7".into()));
-        assert_eq!(read(b"text", &["1"]), Ok("text".into()), "a value that is not a number stands");
-        assert_eq!(read(&[0xff], &["1"]), Ok("\u{fffd}".into()));
-        let bad = read(b"1", &["x"]).unwrap_err();
-        assert_eq!(bad, format!("the Lease {} holds an add that is not a decimal integer: muster.dev/add-0=\"x\"", names::object_name("j/", "j/r/1/slot")));
-        let (patch, mut create) = increment("j/", "j/r/1/slot", 1, "abc");
-        assert_eq!((adds(&patch), adds(&create)), (1, 1));
-        assert!(!patch.metadata.annotations.as_ref().unwrap().contains_key(names::VALUE), "an add leaves the value alone");
-        create.metadata.resource_version = Some("1".into());
-        assert_eq!(entry(&create).unwrap().value, b"1");
-    }
-
-    #[test]
-    fn a_fold_tests_the_value_read_and_removes_only_the_adds_it_summed() {
-        let mut lease = lease("j/", "j/n", b"5", Some("3"), Link::None);
-        assert_eq!(fold(&lease), None, "nothing to fold");
-        lease.metadata.annotations.as_mut().unwrap().insert(format!("{}a", names::ADD), "2".into());
-        let ops = fold(&lease).unwrap();
-        let expected = serde_json::json!([
-            {"op": "test", "path": "/metadata/annotations/muster.dev~1v", "value": "NQ=="},
-            {"op": "replace", "path": "/metadata/annotations/muster.dev~1v", "value": "Nw=="},
-            {"op": "remove", "path": "/metadata/annotations/muster.dev~1add-a"},
-        ]);
-        assert_eq!(ops, expected);
-    }
-
-    #[test]
     fn an_object_not_ours_is_named() {
         let foreign = Lease { metadata: ObjectMeta { name: Some("kube-scheduler".into()), ..ObjectMeta::default() }, spec: None };
         assert_eq!(entry(&foreign).unwrap_err().to_string(), "the Lease kube-scheduler has no annotations");
+    }
+
+    fn job_reference(kind: &str) -> OwnerReference {
+        OwnerReference { api_version: "batch/v1".into(), kind: kind.into(), name: "trainer".into(), uid: format!("uid-{kind}"), ..OwnerReference::default() }
+    }
+
+    #[test]
+    fn every_key_but_the_unowned_and_session_keys_is_owned() {
+        let owner = Owner { reference: job_reference("Job"), unowned: "muster/j/culprits/".into() };
+        let lease = |key: &str, owners: Option<Vec<OwnerReference>>| {
+            let annotations = BTreeMap::from([(names::KEY_TEXT.to_string(), key.to_string())]);
+            Lease { metadata: ObjectMeta { annotations: Some(annotations), owner_references: owners, ..ObjectMeta::default() }, spec: None }
+        };
+        let kinds = |l: Lease| l.metadata.owner_references.map(|o| o.into_iter().map(|r| r.kind).collect::<Vec<_>>());
+        assert_eq!(kinds(owned(&lease("muster/j/r/0/slot", None), Some(&owner))), Some(vec!["Job".into()]));
+        assert_eq!(kinds(owned(&lease("muster/j/culprits/n1", None), Some(&owner))), None);
+        let session = vec![job_reference("Lease")];
+        assert_eq!(kinds(owned(&lease("muster/j/alive/n1", Some(session)), Some(&owner))), Some(vec!["Lease".into()]));
+        assert_eq!(kinds(owned(&lease("muster/j/r/0/slot", None), None)), None);
     }
 }

@@ -71,7 +71,11 @@ impl TestKube {
     /// Creates packaging/k8s/rbac.yaml as shipped (the service account `default/muster`, which the agent
     /// user is, its Role and RoleBinding).
     pub fn grant(&self) {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/k8s/rbac.yaml");
+        self.create(&Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/k8s/rbac.yaml"));
+    }
+
+    /// Creates, as admin, each object of the YAML manifest at `manifest` in namespace `default`.
+    pub fn create(&self, manifest: &Path) {
         let out = script(&["grant", "--dir", &self.server_dir().to_string_lossy(), "--manifest", &manifest.to_string_lossy()]);
         assert!(out.status.success(), "apiserver.py grant: {}", String::from_utf8_lossy(&out.stderr));
     }
@@ -86,6 +90,9 @@ impl TestKube {
             lease_ttl: Duration::from_secs(3),
             request_timeout: Duration::from_secs(10),
             peers: 2,
+            pod: None,
+            // The tests' keys are not under the job's prefix.
+            unowned: "culprits/".into(),
         }
     }
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::testing::{TestKube, User};
-use super::{folds, names, object, KubeStore, FOLD_AFTER};
+use super::{names, KubeStore};
 use crate::store::{Store, StoreError, WatchEventKind, WatchTarget};
 
 fn granted() -> TestKube {
@@ -55,25 +55,6 @@ async fn concurrent_adds_each_count_once() {
     }
     slots.sort_unstable();
     assert_eq!(slots, (1..=8).collect::<Vec<i64>>(), "each adder got its own value");
-}
-
-/// Past `FOLD_AFTER` adds an adder folds them into the value: the count goes on, the object stays small.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_counters_adds_are_folded_into_its_value() {
-    let kube = granted();
-    let s = kube.store("/t/").await;
-    for n in 1..=(3 * FOLD_AFTER as i64 + 2) {
-        assert_eq!(s.add("many", 1).await.unwrap(), n);
-    }
-    let lease = s.server.leases.get(&names::object_name(&s.job, "many")).await.unwrap();
-    assert!(object::adds(&lease) < FOLD_AFTER, "{} adds left on the object", object::adds(&lease));
-    assert_eq!(s.add("many", 0).await.unwrap(), 3 * FOLD_AFTER as i64 + 2);
-}
-
-#[test]
-fn one_adder_in_each_fold_after_folds() {
-    let folders: Vec<usize> = (0..=3 * FOLD_AFTER).filter(|&adds| folds(adds)).collect();
-    assert_eq!(folders, [FOLD_AFTER, 2 * FOLD_AFTER, 3 * FOLD_AFTER]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -163,6 +144,62 @@ async fn a_killed_handle_is_reaped_after_its_ttl() {
     gone.sort();
     assert_eq!(gone, ["alive/y", "hb/y"]);
 }
+
+/// In a pod a Job made, every object but the lemon memory is the Job's (the garbage collector deletes them
+/// with it) and a session key its session's; a pod that cannot be read owns nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pods_job_owns_the_objects_but_the_lemon_memory() {
+    let kube = granted();
+    let manifest = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(manifest.path(), OWNED_POD).unwrap();
+    tokio::task::block_in_place(|| kube.create(manifest.path()));
+    let owners_of = |s: &KubeStore, key: &'static str| {
+        let (leases, name) = (s.server.leases.clone(), names::object_name(&s.job, key));
+        async move {
+            let lease = leases.get(&name).await.unwrap();
+            lease.metadata.owner_references.unwrap_or_default().into_iter().map(|r| format!("{}/{}", r.kind, r.name)).collect::<Vec<_>>()
+        }
+    };
+    let table = [("/t0/", Some("trainer-0"), vec!["Job/trainer".to_string()]), ("/t1/", Some("no-such-pod"), vec![]), ("/t2/", None, vec![])];
+    for (job, pod, job_owned) in table {
+        let mut opts = kube.options(User::Agent, "default", job);
+        opts.pod = pod.map(str::to_string);
+        let s = KubeStore::connect(&opts, Duration::from_secs(20)).await.unwrap();
+        s.set("round", b"1").await.unwrap();
+        // An update replaces the owners too: the second add and the compare-and-set keep them.
+        assert_eq!(s.compare_set("round", b"1", b"2").await.unwrap(), b"2");
+        s.add("r/0/slot", 1).await.unwrap();
+        s.add("r/0/slot", 1).await.unwrap();
+        s.set("culprits/h1/1-5-crash", b"1").await.unwrap();
+        s.set_session("alive/x", b"1").await.unwrap();
+        assert_eq!(owners_of(&s, "round").await, job_owned, "{pod:?}");
+        assert_eq!(owners_of(&s, "r/0/slot").await, job_owned, "{pod:?}");
+        assert_eq!(owners_of(&s, "culprits/h1/1-5-crash").await, Vec::<String>::new(), "{pod:?}: the lemon memory stays");
+        let session = owners_of(&s, "alive/x").await;
+        assert!(session.len() == 1 && session[0].starts_with("Lease/"), "{pod:?}: {session:?}");
+    }
+}
+
+/// A pod that the Job `trainer` made (no node runs it).
+const OWNED_POD: &str = "apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer-0
+  namespace: default
+  ownerReferences:
+    - apiVersion: batch/v1
+      kind: Job
+      name: trainer
+      uid: 3f0c1a52-6f4e-4d7b-9a51-0c7e1d2b8a90
+      controller: true
+      blockOwnerDeletion: true
+spec:
+  serviceAccountName: muster
+  automountServiceAccountToken: false
+  containers:
+    - name: trainer
+      image: muster-pytorch:latest
+";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_role_is_refused_at_connect_naming_the_verb() {

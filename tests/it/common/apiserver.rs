@@ -64,8 +64,7 @@ impl<'n> KubeServer<'n> {
         );
         assert!(out.status.success(), "the API server did not start:\n{}", out.stderr);
         server.state = serde_json::from_str(&out.stdout).expect("apiserver.py prints its state");
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/k8s/rbac.yaml");
-        server.call(&["grant", "--manifest", &manifest.to_string_lossy()]);
+        server.create(&Path::new(env!("CARGO_MANIFEST_DIR")).join("packaging/k8s/rbac.yaml"));
         server
     }
 
@@ -92,6 +91,17 @@ impl<'n> KubeServer<'n> {
     /// The rendezvous key of every Lease of muster's in namespace `default`, sorted.
     pub fn keys(&self) -> Vec<String> {
         self.call(&["keys"]).lines().filter(|l| !l.is_empty()).map(str::to_string).collect()
+    }
+
+    /// Every key of [`Self::keys`] with its owners (`Kind/name`, comma separated; `-` for none).
+    pub fn owners(&self) -> Vec<(String, String)> {
+        let listed = self.call(&["keys", "--owners"]);
+        listed.lines().filter_map(|l| l.split_once('\t')).map(|(k, o)| (k.to_string(), o.to_string())).collect()
+    }
+
+    /// Creates, as admin, each object of the YAML manifest at `manifest` in namespace `default`.
+    pub fn create(&self, manifest: &Path) {
+        self.call(&["grant", "--manifest", &manifest.to_string_lossy()]);
     }
 
     /// The kubeconfig an agent of `user` is given as `--rdzv-endpoint`.
