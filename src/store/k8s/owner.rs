@@ -5,17 +5,18 @@
 //! the objects are unowned and the last agent deletes them (`muster status --forget` a dead job's).
 
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::Api;
 
 use super::client::Server;
 use super::object::Owner;
 use crate::store::StoreError;
 
-/// The controller of `pod` as its dependents name it: neither the controller flag (one controller per
-/// object: the Lease has none) nor blocking the owner's deletion (that needs the right to update it).
-pub fn controller(pod: &Pod) -> Option<OwnerReference> {
-    let reference = pod.metadata.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))?;
+/// The controller of the pod whose metadata is `pod` as its dependents name it: neither the controller
+/// flag (one controller per object: the Lease has none) nor blocking the owner's deletion (that needs the
+/// right to update it).
+pub fn controller(pod: &ObjectMeta) -> Option<OwnerReference> {
+    let reference = pod.owner_references.as_ref()?.iter().find(|r| r.controller == Some(true))?;
     Some(OwnerReference { controller: None, block_owner_deletion: None, ..reference.clone() })
 }
 
@@ -23,8 +24,9 @@ pub fn controller(pod: &Pod) -> Option<OwnerReference> {
 /// be read or has no controller: the job's objects are then deleted by its last agent only.
 pub async fn find(server: &Server, pod: &str, unowned: String) -> Result<Option<Owner>, StoreError> {
     let pods: Api<Pod> = Api::namespaced(server.client.clone(), &server.namespace);
-    let why = match server.request("get", pods.get(pod)).await {
-        Ok(Ok(found)) => match controller(&found) {
+    // Its metadata only: nothing else of a pod is read (nor its spec's decoder built in).
+    let why = match server.request("get", pods.get_metadata(pod)).await {
+        Ok(Ok(found)) => match controller(&found.metadata) {
             Some(reference) => return Ok(Some(Owner { reference, unowned })),
             None => "it has no controller".to_string(),
         },
@@ -43,7 +45,6 @@ pub async fn find(server: &Server, pod: &str, unowned: String) -> Result<Option<
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn reference(kind: &str, controller: Option<bool>) -> OwnerReference {
         OwnerReference {
@@ -56,8 +57,8 @@ mod tests {
         }
     }
 
-    fn pod(owners: Vec<OwnerReference>) -> Pod {
-        Pod { metadata: ObjectMeta { owner_references: Some(owners), ..ObjectMeta::default() }, ..Pod::default() }
+    fn pod(owners: Vec<OwnerReference>) -> ObjectMeta {
+        ObjectMeta { owner_references: Some(owners), ..ObjectMeta::default() }
     }
 
     #[test]
