@@ -150,9 +150,9 @@ async fn a_killed_handle_is_reaped_after_its_ttl() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pods_job_owns_the_objects_but_the_lemon_memory() {
     let kube = granted();
-    let manifest = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(manifest.path(), OWNED_POD).unwrap();
-    tokio::task::block_in_place(|| kube.create(manifest.path()));
+    // Pods trainer-a and trainer-b of the Job `trainer`, as the integration tests use them.
+    let pods = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/job-pods.yaml");
+    tokio::task::block_in_place(|| kube.create(&pods));
     let owners_of = |s: &KubeStore, key: &'static str| {
         let (leases, name) = (s.server.leases.clone(), names::object_name(&s.job, key));
         async move {
@@ -160,7 +160,7 @@ async fn the_pods_job_owns_the_objects_but_the_lemon_memory() {
             lease.metadata.owner_references.unwrap_or_default().into_iter().map(|r| format!("{}/{}", r.kind, r.name)).collect::<Vec<_>>()
         }
     };
-    let table = [("/t0/", Some("trainer-0"), vec!["Job/trainer".to_string()]), ("/t1/", Some("no-such-pod"), vec![]), ("/t2/", None, vec![])];
+    let table = [("/t0/", Some("trainer-a"), vec!["Job/trainer".to_string()]), ("/t1/", Some("no-such-pod"), vec![]), ("/t2/", None, vec![])];
     for (job, pod, job_owned) in table {
         let mut opts = kube.options(User::Agent, "default", job);
         opts.pod = pod.map(str::to_string);
@@ -179,27 +179,6 @@ async fn the_pods_job_owns_the_objects_but_the_lemon_memory() {
         assert!(session.len() == 1 && session[0].starts_with("Lease/"), "{pod:?}: {session:?}");
     }
 }
-
-/// A pod that the Job `trainer` made (no node runs it).
-const OWNED_POD: &str = "apiVersion: v1
-kind: Pod
-metadata:
-  name: trainer-0
-  namespace: default
-  ownerReferences:
-    - apiVersion: batch/v1
-      kind: Job
-      name: trainer
-      uid: 3f0c1a52-6f4e-4d7b-9a51-0c7e1d2b8a90
-      controller: true
-      blockOwnerDeletion: true
-spec:
-  serviceAccountName: muster
-  automountServiceAccountToken: false
-  containers:
-    - name: trainer
-      image: muster-pytorch:latest
-";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_without_the_role_is_refused_at_connect_naming_the_verb() {
