@@ -29,9 +29,14 @@ pub const JOINING_VAR: &str = "MUSTER_INPLACE_JOINING";
 pub const PYTHON: &[(&str, &str)] = &[
     ("__init__.py", include_str!("python/muster_inplace/__init__.py")),
     ("_channel.py", include_str!("python/muster_inplace/_channel.py")),
+    ("_groups.py", include_str!("python/muster_inplace/_groups.py")),
+    ("_layout.py", include_str!("python/muster_inplace/_layout.py")),
+    ("_plan.py", include_str!("python/muster_inplace/_plan.py")),
     ("_run.py", include_str!("python/muster_inplace/_run.py")),
     ("_sockets.py", include_str!("python/muster_inplace/_sockets.py")),
     ("_state.py", include_str!("python/muster_inplace/_state.py")),
+    ("_transfer.py", include_str!("python/muster_inplace/_transfer.py")),
+    ("_vote.py", include_str!("python/muster_inplace/_vote.py")),
     ("py.typed", ""),
 ];
 /// A worker's line longer than this ends its connection (a hello is under 100 bytes).
@@ -52,6 +57,8 @@ struct Conn {
     /// The newest round it said it took up, and the newest it said it re-formed in.
     taken: Option<u64>,
     reformed: Option<u64>,
+    /// It said its state cannot be restored in place.
+    lost: bool,
 }
 
 #[derive(Default)]
@@ -155,9 +162,13 @@ impl Channel {
     }
 
     /// The pids among `workers` (local rank, pid) whose worker said hello with that local rank and is still
-    /// connected: those that can be kept.
+    /// connected: those that can be kept. None while any of them says the state is lost (every rank of the
+    /// job says so at once: the whole group starts cold).
     pub fn keepable(&self, workers: &[(u32, i32)]) -> std::collections::HashSet<i32> {
         let conns = self.shared.lock();
+        if workers.iter().any(|(_, pid)| conns.get(pid).is_some_and(|c| c.lost)) {
+            return std::collections::HashSet::new();
+        }
         workers.iter().filter(|w| said_hello(&conns, w)).map(|(_, pid)| *pid).collect()
     }
 
@@ -249,7 +260,7 @@ async fn serve(stream: UnixStream, pid: i32, shared: Arc<Shared>) {
         }
         match wire::decode(&line) {
             Ok(wire::FromWorker::Hello { local_rank, .. }) => {
-                shared.lock().insert(pid, Conn { local_rank, tx: tx.clone(), taken: None, reformed: None });
+                shared.lock().insert(pid, Conn { local_rank, tx: tx.clone(), taken: None, reformed: None, lost: false });
                 shared.changed.notify_waiters();
             }
             Ok(wire::FromWorker::Taken { round }) => {
@@ -263,6 +274,14 @@ async fn serve(stream: UnixStream, pid: i32, shared: Arc<Shared>) {
                     c.reformed = Some(round);
                 }
                 shared.changed.notify_waiters();
+            }
+            Ok(wire::FromWorker::Lost { place }) => {
+                tracing::warn!(pid, "worker's state cannot be restored in place ({place}); its group starts cold");
+                if let Some(c) = shared.lock().get_mut(&pid) {
+                    c.lost = true;
+                }
+                // Recorded before the worker exits: its death then keeps no worker.
+                let _ = tx.send(wire::noted());
             }
             Err(e) => tracing::debug!(pid, "{e}"),
         }
@@ -322,6 +341,9 @@ mod tests {
         assert_eq!(lines.next_line().await.expect("read"), Some(String::from_utf8(wire::encode(&reform)).expect("utf-8").trim_end().to_string()));
         write.write_all(b"{\"reformed\": {\"round\": 4, \"commit\": 12}}\n").await.expect("reformed");
         assert!(channel.unconfirmed(&[me], 4, Instant::now() + Duration::from_secs(5)).await.is_empty());
+        write.write_all(b"{\"lost\": {\"place\": \"mesh shard 1 of 4\"}}\n").await.expect("lost");
+        assert_eq!(lines.next_line().await.expect("read").as_deref(), Some("{\"noted\":{}}"), "noted before it exits");
+        assert!(keepable().is_empty(), "a group one of whose workers lost its state keeps none");
         drop(write);
         drop(lines);
         // Gone: not confirmed for a later round, and not waited for until the deadline.

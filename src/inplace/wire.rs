@@ -1,6 +1,7 @@
 //! The channel's messages, pure: one JSON object per line, as `muster_inplace/_channel.py` writes and reads
 //! them. A worker says `hello` once, `taken` when its main thread takes up a re-formation and `reformed` when
-//! it is done; the agent sends `reform`.
+//! it is done, or `lost` when the state cannot be restored in place; the agent sends `reform`, and `noted`
+//! once it has recorded a `lost`.
 
 use std::collections::BTreeMap;
 
@@ -17,6 +18,9 @@ pub enum FromWorker {
     Taken { round: u64 },
     /// It joined the process group of `round` and holds the state of commit `commit`.
     Reformed { round: u64, commit: i64 },
+    /// The state cannot be restored in place (a part no survivor holds): no worker of this group may be
+    /// kept; the worker exits once the agent says it `noted` this.
+    Lost { place: String },
 }
 
 /// A re-formation, as the agent hands it to a worker it keeps.
@@ -33,6 +37,7 @@ pub struct Reform {
 #[serde(rename_all = "snake_case")]
 enum ToWorker<'a> {
     Reform(&'a Reform),
+    Noted {},
 }
 
 /// Why a worker's line was not understood.
@@ -46,8 +51,17 @@ pub fn decode(line: &[u8]) -> Result<FromWorker, BadMessage> {
 
 /// The line (newline included) that hands `reform` to a worker.
 pub fn encode(reform: &Reform) -> Vec<u8> {
-    // A struct of strings and integers always serialises.
-    let mut line = serde_json::to_vec(&ToWorker::Reform(reform)).unwrap_or_default();
+    line(&ToWorker::Reform(reform))
+}
+
+/// The line that tells a worker its `lost` was recorded.
+pub fn noted() -> Vec<u8> {
+    line(&ToWorker::Noted {})
+}
+
+fn line(message: &ToWorker<'_>) -> Vec<u8> {
+    // Strings and integers always serialise.
+    let mut line = serde_json::to_vec(message).unwrap_or_default();
     line.push(b'\n');
     line
 }
@@ -63,6 +77,9 @@ mod tests {
         assert_eq!(decode(br#"{"taken": {"round": 7}}"#).expect("taken"), FromWorker::Taken { round: 7 });
         let done = br#"{"reformed": {"round": 7, "commit": -1}}"#;
         assert_eq!(decode(done).expect("reformed"), FromWorker::Reformed { round: 7, commit: -1 });
+        let lost = br#"{"lost": {"place": "mesh shard 1 of 4"}}"#;
+        assert_eq!(decode(lost).expect("lost"), FromWorker::Lost { place: "mesh shard 1 of 4".into() });
+        assert_eq!(noted(), b"{\"noted\":{}}\n");
         for bad in [&b"{}"[..], b"{\"hello\": {}}", b"not json", b"{\"reform\": {\"round\": 1}}"] {
             assert!(decode(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }

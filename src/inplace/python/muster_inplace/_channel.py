@@ -48,6 +48,7 @@ class Channel:
         self._cond = threading.Condition()
         self._pending: Optional[Assignment] = None
         self._closed = False
+        self._noted = threading.Event()
         self._on_assignment = on_assignment
         self.bound_s = _bound()
         self._send({"hello": {"pid": os.getpid(), "local_rank": int(os.environ.get("LOCAL_RANK", "0"))}})
@@ -64,7 +65,11 @@ class Channel:
     def _read(self) -> None:
         for line in self._sock.makefile("rb"):
             try:
-                reform = json.loads(line)["reform"]
+                message = json.loads(line)
+                if "noted" in message:
+                    self._noted.set()
+                    continue
+                reform = message["reform"]
                 got = Assignment(int(reform["round"]), {str(k): str(v) for k, v in reform["env"].items()}, tuple(reform.get("evicted", ())))
             except (ValueError, KeyError, TypeError, AttributeError):
                 continue
@@ -94,6 +99,12 @@ class Channel:
 
     def reformed(self, round: int, step: int) -> None:
         self._send({"reformed": {"round": round, "commit": step}})
+
+    def lost(self, place: str) -> bool:
+        """Says the state cannot be restored in place, and waits (bounded) until the agent noted it: then no
+        worker of this group is kept when this one exits. Whether it did."""
+        self._send({"lost": {"place": place}})
+        return self._noted.wait(self.bound_s)
 
 
 def _bound() -> float:

@@ -1,4 +1,5 @@
-"""`run`: calls the training function, and on a re-formation rolls back, re-forms and calls it again."""
+"""`run`: calls the training function, and on a re-formation ends every process group, joins the new one,
+restores the state and calls the function again."""
 
 from __future__ import annotations
 
@@ -7,79 +8,44 @@ import os
 import sys
 from typing import Any, Callable, Optional, TypeVar, overload
 
-import torch
 import torch.distributed as dist
 
-from . import _sockets
+from . import _groups, _vote
 from ._channel import JOINING_VAR, Assignment, Channel, ChannelError, connect
+from ._plan import LostStateError
 from ._state import State
 
 R = TypeVar("R")
 
-# This process's TCP sockets before the script could create a process group: what the group's are not.
-_BEFORE = _sockets.inodes()
-
-
-class _Group:
-    """The process group of one generation: how to make the next, and the sockets to shut down to end it
-    (or to end the joining of the next, when a newer assignment comes meanwhile)."""
-
-    def __init__(self, backend: Optional[str]) -> None:
-        self.backend = backend
-        self.sockets: set[int] = set()
-        # While a group is being joined: the sockets there were before (what the join opened is the rest).
-        self.joining: Optional[set[int]] = None
-
-    def ensure(self) -> None:
-        if dist.is_initialized():
-            self.backend = self.backend or str(dist.get_backend())
-            self.sockets |= _sockets.inodes() - _BEFORE
-            return
-        self.init()
-
-    def init(self) -> None:
-        self.backend = self.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-        before = _sockets.inodes()
-        self.joining = before
-        try:
-            dist.init_process_group(backend=self.backend, init_method="env://")
-        finally:
-            self.joining = None
-        self.sockets |= _sockets.inodes() - before
-
-    def interrupt(self, evicted: tuple[str, ...]) -> None:
-        """From the channel's thread, as an assignment comes: whatever the main thread waits on in the current
-        group, or in the one it is joining, ends with an error."""
-        group = set(self.sockets)
-        joining = self.joining
-        if joining is not None:
-            group |= _sockets.inodes() - joining
-        _sockets.shut_down(group, evicted)
-
-    def end(self, evicted: tuple[str, ...]) -> None:
-        """Ends the current group without waiting on any peer: its sockets shut down, then aborted."""
-        _sockets.shut_down(self.sockets, evicted)
-        self.sockets.clear()
-        if dist.is_initialized():
-            dist.distributed_c10d._abort_process_group()
-        else:
-            # A join a newer assignment ended halfway had already counted its group: the next one must be
-            # named as a fresh process names its first, or it never meets the ranks started cold.
-            dist.distributed_c10d._world.group_count = 0
+# The exit status of a worker whose state cannot be restored in place (`LostStateError`): a worker failure,
+# so its agent restarts the group cold (from the script's checkpoint) while a restart is left.
+LOST_STATE_EXIT = 1
 
 
 def _say(line: str) -> None:
     print(f"muster_inplace: rank {os.environ.get('RANK', '?')}: {line}", file=sys.stderr, flush=True)
 
 
-def _reform(state: State, group: _Group, channel: Channel, got: Assignment) -> None:
+def _restored(state: State, how: str) -> None:
+    r = state.restored
+    if r is None or not r.kept:
+        return
+    moved = f"received {r.received} bytes from rank {r.source}" if r.source is not None else "kept its own state"
+    if r.copied:
+        moved += f" (copied {r.copied} bytes into the objects built for the new group)"
+    if r.sent:
+        moved += ", sent " + ", ".join(f"{b} bytes to rank {d}" for d, b in sorted(r.sent.items()))
+    _say(f"{how} at step {r.version}: {moved} in {r.seconds:.3f}s")
+
+
+def _reform(state: State, backend: Optional[str], channel: Channel, got: Assignment) -> None:
     channel.taken(got.round)
-    group.end(got.evicted)
+    _groups.end(got.evicted)
     os.environ.update(got.env)
-    group.init()
-    state._sync(reset=True)
+    _groups.init(backend)
+    state._sync()
     channel.reformed(got.round, state.commits)
-    _say(f"re-formed in place in round {got.round} (world {dist.get_world_size()}, commit {state.commits})")
+    _restored(state, f"re-formed in place in round {got.round} (world {dist.get_world_size()})")
 
 
 # Words of the errors a process group raises when a peer is gone or the group was ended under it.
@@ -99,6 +65,10 @@ def _group_failure(error: BaseException) -> bool:
 def _next(channel: Channel, error: Exception) -> Assignment:
     """The assignment that explains `error`: one already here, or, for a process group's failure, the one
     the agent sends within the bound. Otherwise the error is the script's own and is raised at once."""
+    if isinstance(error, LostStateError):
+        _say(str(error))
+        channel.lost(error.place)
+        sys.exit(LOST_STATE_EXIT)
     wait = channel.bound_s if channel.pending() or _group_failure(error) else 0.0
     got = channel.take(wait)
     if got is None:
@@ -109,46 +79,50 @@ def _next(channel: Channel, error: Exception) -> Assignment:
     return got
 
 
-def _reform_until_done(state: State, group: _Group, channel: Channel, got: Assignment) -> None:
+def _reform_until_done(state: State, backend: Optional[str], channel: Channel, got: Assignment) -> None:
     """Re-forms with `got`, or with a later assignment when one ends this re-formation (a second failure)."""
     while True:
         try:
-            _reform(state, group, channel, got)
+            _reform(state, backend, channel, got)
             return
         except Exception as error:
             got = _next(channel, error)
 
 
-def _join(state: State, group: _Group, channel: Channel) -> None:
-    """A worker started before its node joined the job: the variables it started with are provisional (a
-    world of its node alone), its ranks come with the others' re-formation. Its agent bounds the wait."""
-    _say("started before its node joined the job; waiting for its ranks")
-    got = channel.take(None)
-    if got is None:
-        raise ChannelError("the agent closed the in-place channel before this worker had its ranks")
-    _reform_until_done(state, group, channel, got)
+def _first(state: State, backend: Optional[str], channel: Channel) -> None:
+    """The first group of this process: a worker started before its node joined the job waits for its ranks
+    (the variables it started with are provisional; its agent bounds the wait)."""
+    if os.environ.pop(JOINING_VAR, None) == "1":
+        _say("started before its node joined the job; waiting for its ranks")
+        got = channel.take(None)
+        if got is None:
+            raise ChannelError("the agent closed the in-place channel before this worker had its ranks")
+        _reform_until_done(state, backend, channel, got)
+        return
+    try:
+        backend = _groups.ensure(backend)
+        state._sync()
+        _restored(state, "restored")
+    except Exception as error:
+        _reform_until_done(state, backend, channel, _next(channel, error))
 
 
 def _call(fn: Callable[..., R], backend: Optional[str], state: State, args: Any, kwargs: Any) -> R:
-    group = _Group(backend)
-    channel = connect(lambda got: group.interrupt(got.evicted))
+    channel = connect(lambda got: _groups.interrupt(got.evicted))
     if channel is None:
-        group.ensure()
+        _groups.ensure(backend)
+        state._start()
         return fn(state, *args, **kwargs)
-    state._keep()
-    if os.environ.pop(JOINING_VAR, None) == "1":
-        _join(state, group, channel)
-    else:
-        try:
-            group.ensure()
-            state._sync(reset=False)
-        except Exception as error:
-            _reform_until_done(state, group, channel, _next(channel, error))
-    while True:
-        try:
-            return fn(state, *args, **kwargs)
-        except Exception as error:
-            _reform_until_done(state, group, channel, _next(channel, error))
+    hooks = _vote.Hooks(state._applied)
+    try:
+        _first(state, backend, channel)
+        while True:
+            try:
+                return fn(state, *args, **kwargs)
+            except Exception as error:
+                _reform_until_done(state, backend, channel, _next(channel, error))
+    finally:
+        hooks.remove()
 
 
 @overload
@@ -159,10 +133,10 @@ def run(*, backend: Optional[str] = None) -> Callable[[Callable[..., R]], Callab
 
 def run(fn: Optional[Callable[..., R]] = None, *, backend: Optional[str] = None) -> Any:
     """Decorates `train(state, ...)`. Under a muster agent with in-place re-formation, it joins (or adopts)
-    the default process group, brings every rank to the same state, and calls `train`; when the job's
-    membership changes, it rolls back to the newest commit, joins the new group and calls `train` again.
-    Elsewhere it calls `train` once. `backend`: the group's, when `run` creates it (default: nccl with CUDA,
-    else gloo)."""
+    the default process group, restores the state, and calls `train`; when the job's membership changes, it
+    ends every process group, joins the new one, brings every rank to the newest step every part of the
+    state is held at, and calls `train` again. Elsewhere it calls `train` once. `backend`: the group's, when
+    `run` creates it (default: nccl with CUDA, else gloo)."""
 
     def wrap(f: Callable[..., R]) -> Callable[..., R]:
         @functools.wraps(f)

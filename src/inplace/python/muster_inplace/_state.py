@@ -1,109 +1,97 @@
-"""The training state that survives a re-formation: objects with `state_dict`/`load_state_dict` (the model,
-the optimizer, a sampler, a scheduler) and plain values (step, epoch), as attributes."""
+"""The training state that survives a re-formation: objects with `state_dict`/`load_state_dict` (a model, an
+optimizer, a scheduler) and plain values (step, epoch), as attributes; and, for a job whose model is sharded
+on a device mesh, the builder that makes the objects that hold a process group for each new group."""
 
 from __future__ import annotations
 
-import copy
-import io
 from typing import Any, Callable, Optional
 
-import torch
-import torch.distributed as dist
+from . import _layout, _transfer
+from ._plan import NONE
+from ._transfer import Restore
 
-# Commit number of a rank that has none (a worker started by the re-formation, a joiner).
-NONE = -1
-
-
-def _stateful(value: object) -> bool:
-    return callable(getattr(value, "state_dict", None)) and callable(getattr(value, "load_state_dict", None))
-
-
-def _to_cpu(tree: Any) -> Any:
-    if isinstance(tree, torch.Tensor):
-        return tree.detach().to("cpu", copy=True)
-    if isinstance(tree, dict):
-        return {k: _to_cpu(v) for k, v in tree.items()}
-    if isinstance(tree, (list, tuple)):
-        return type(tree)(_to_cpu(v) for v in tree)
-    return copy.deepcopy(tree)
+Builder = Callable[[], dict[str, Any]]
 
 
 class State:
-    """`State(model=model, optimizer=opt, step=0)`: each keyword becomes an attribute. `commit()` keeps an
-    in-memory copy (under muster with in-place on; elsewhere it does nothing); a re-formation restores the
-    newest commit any surviving rank holds, on every rank."""
+    """`State(model=model, optimizer=opt, step=0)`: each keyword becomes an attribute. A re-formation brings
+    every rank to the newest optimizer step every part of the state is held at: a rank that holds it keeps
+    its own, the others receive exactly their part from a rank that holds the same part."""
 
     def __init__(self, **values: Any) -> None:
         object.__setattr__(self, "_names", list(values))
-        object.__setattr__(self, "_saved", None)
-        object.__setattr__(self, "_commits", 0)
-        object.__setattr__(self, "_keeping", False)
+        object.__setattr__(self, "_built", [])
+        object.__setattr__(self, "_build", None)
+        object.__setattr__(self, "_version", NONE)
         object.__setattr__(self, "_resets", [])
+        object.__setattr__(self, "_restored", None)
         for name, value in values.items():
             object.__setattr__(self, name, value)
 
+    def builder(self, build: Builder) -> Builder:
+        """Decorates `build()`, which makes what is tied to a process group (the device mesh, the model
+        sharded on it by `fully_shard`, its optimizer) and returns it by name: `run` calls it for each group
+        (the first and every re-formation's, on every rank), before the state is restored; each name becomes
+        an attribute, and the values with `state_dict` are part of the state."""
+        object.__setattr__(self, "_build", build)
+        return build
+
     def register_reset_callbacks(self, callbacks: list[Callable[[], None]]) -> None:
-        """Called, in order, after each re-formation once the state is restored (rebuild what holds the old
-        process group, re-shard the data for the new world size, rescale the learning rate)."""
+        """Called, in order, on every rank of a re-formation (kept or started by it), once the state is
+        restored: rebuild what holds the old process group, re-shard the data, rescale the learning rate."""
         self._resets.extend(callbacks)
 
     def commit(self) -> None:
-        """Keeps a copy of the state in memory: what a re-formation rolls back to."""
-        if self._keeping:
-            object.__setattr__(self, "_saved", self._snapshot())
-            object.__setattr__(self, "_commits", self._commits + 1)
+        """Does nothing: every optimizer step is a commit (a vote before it makes the live state consistent;
+        see `_vote`). Kept so that scripts written for the first API run unchanged."""
 
     @property
     def commits(self) -> int:
-        return self._commits
+        """The optimizer steps applied, as every rank agreed at the last restore and counted since."""
+        return max(self._version, 0)
 
-    def _keep(self) -> None:
-        object.__setattr__(self, "_keeping", True)
+    @property
+    def restored(self) -> Optional[Restore]:
+        """This rank's account of its last restore (None before one)."""
+        return self._restored
 
-    def _snapshot(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for name in self._names:
-            value = getattr(self, name)
-            out[name] = ("stateful", _to_cpu(value.state_dict())) if _stateful(value) else ("value", copy.deepcopy(value))
-        return out
+    @property
+    def kept(self) -> bool:
+        """Whether the state was restored from the ranks that kept it (a re-formation in place): the same on
+        every rank. False at a start where no rank kept anything (and under torchrun): load the checkpoint
+        then, on every rank."""
+        return self._restored is not None and self._restored.kept
 
-    def _load(self, snapshot: dict[str, Any]) -> None:
-        for name, (kind, saved) in snapshot.items():
-            if kind == "stateful":
-                getattr(self, name).load_state_dict(saved)
-            else:
-                object.__setattr__(self, name, saved)
+    def _values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in [*self._names, *self._built]}
 
-    def _sync(self, reset: bool) -> None:
-        """Every rank takes the newest commit any rank holds, from the lowest rank that holds it (the live
-        state of rank 0 when nobody has committed yet), over the current process group; then, after a
-        re-formation (`reset`), the reset callbacks."""
-        mine = torch.tensor([self._commits if self._saved is not None else NONE], dtype=torch.int64)
-        every = [torch.zeros(1, dtype=torch.int64) for _ in range(dist.get_world_size())]
-        dist.all_gather(every, mine)
-        counts = [int(t.item()) for t in every]
-        newest = max(counts)
-        source = counts.index(newest) if newest != NONE else 0
-        snapshot: Optional[dict[str, Any]] = None
-        if dist.get_rank() == source:
-            snapshot = self._saved if newest != NONE else self._snapshot()
-        payload = [_pack(snapshot) if snapshot is not None else None]
-        dist.broadcast_object_list(payload, src=source)
-        got = _unpack(payload[0])
-        self._load(got)
-        object.__setattr__(self, "_saved", got if newest != NONE else None)
-        object.__setattr__(self, "_commits", max(newest, 0))
-        for callback in self._resets if reset else ():
+    def _applied(self) -> None:
+        object.__setattr__(self, "_version", max(self._version, 0) + 1)
+
+    def _forget(self) -> None:
+        object.__setattr__(self, "_version", NONE)
+
+    def _build_for_group(self) -> dict[str, Any]:
+        return self._build() if self._build is not None else {}
+
+    def _start(self) -> None:
+        """Without an agent (torchrun, a plain python): the builder's objects, nothing restored."""
+        self._adopt(self._build_for_group(), {})
+
+    def _adopt(self, built: dict[str, Any], values: dict[str, Any]) -> None:
+        for name, value in {**built, **values}.items():
+            object.__setattr__(self, name, value)
+        object.__setattr__(self, "_built", [n for n, v in built.items() if _layout.stateful(v) and n not in self._names])
+
+    def _sync(self) -> None:
+        """On every rank of a new group: the builder's objects, then the restore, then (after a
+        re-formation) the reset callbacks."""
+        held = self._values()
+        built = self._build_for_group()
+        needed = {**{n: getattr(self, n) for n in self._names}, **{n: v for n, v in built.items() if _layout.stateful(v)}}
+        plan, account, values = _transfer.restore(held, self._version, needed, bool(built), self._forget)
+        self._adopt(built, values)
+        object.__setattr__(self, "_version", plan.version)
+        object.__setattr__(self, "_restored", account)
+        for callback in self._resets if plan.reformation else ():
             callback()
-
-
-def _pack(snapshot: dict[str, Any]) -> bytes:
-    buf = io.BytesIO()
-    torch.save(snapshot, buf)
-    return buf.getvalue()
-
-
-def _unpack(raw: Any) -> dict[str, Any]:
-    if not isinstance(raw, (bytes, bytearray)):
-        raise RuntimeError("muster_inplace: the state broadcast after the re-formation carried nothing")
-    return torch.load(io.BytesIO(raw), weights_only=False)
