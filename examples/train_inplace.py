@@ -7,8 +7,9 @@ The same script runs under torchrun (with `pip install` of muster's `src/inplace
 with `--in-place off`: `run` then calls the training function once, and a fault restarts every worker from
 the last checkpoint, as examples/train.py does. What adopting the API changed, against examples/train.py:
 
-- the training state (model, optimizer, step) lives in a `muster_inplace.State`, and `state.commit()` after
-  each step keeps an in-memory copy of it (what a re-formation rolls back to);
+- the training state (model, optimizer, step) lives in a `muster_inplace.State`; each optimizer step is its
+  commit (a survivor keeps its live state, a new rank receives it from a survivor), and `state.step` is
+  updated right after it;
 - the training loop is a function decorated with `@muster_inplace.run`, which creates the process group;
 - what holds the process group or depends on the world (DDP, the sampler's shard) is built inside it.
 
@@ -92,7 +93,7 @@ torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
 optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
 state = muster_inplace.State(model=model, optimizer=optimizer, step=0)
-# A cold start resumes from the last checkpoint; in place, the newest commit any rank holds wins over it.
+# A cold start resumes from the last checkpoint; in place, the state the survivors kept wins over it.
 if os.path.exists(ckpt_path):
     saved = torch.load(ckpt_path, map_location="cpu")
     model.load_state_dict(saved["model"])
@@ -124,7 +125,6 @@ def train(state):
             loss.backward()  # DDP all-reduces (averages) the gradients here
             state.optimizer.step()
             state.step += 1
-            state.commit()
             if rank == 0 and state.step % args.ckpt_every == 0:
                 save(ckpt_path, {"model": state.model.state_dict(), "optimizer": state.optimizer.state_dict(),
                                  "step": state.step})

@@ -4,12 +4,14 @@
 //! worse than a cold restart).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::AgentError;
 use crate::config::LaunchConfig;
+use crate::hang::progress::{Hooks, Progress};
 use crate::inplace::{wire::Reform, ApiDir, Channel};
 use crate::supervisor::keep::Kept;
 use crate::supervisor::WorkerGroup;
@@ -23,6 +25,8 @@ pub(super) struct InPlace {
     confirm: Option<Confirm>,
     /// The job's mark that its workers re-form in place, written once a worker says hello.
     marking: tokio::task::JoinSet<()>,
+    /// Under hang detection: the progress of the start whose workers are kept, which the next start follows.
+    kept_progress: Option<Arc<Progress>>,
 }
 
 /// What the wait on the kept workers came to.
@@ -43,21 +47,28 @@ struct Confirm {
 }
 
 impl InPlace {
-    /// The API's directory, and the channel when `--in-place on`. Off under hang detection for now: a kept
-    /// worker's progress goes to the files of the start that spawned it, which the monitor of the next start
-    /// does not read.
+    /// The API's directory, and the channel when `--in-place on`.
     pub(super) fn open(cfg: &LaunchConfig) -> Result<InPlace, AgentError> {
         let api = ApiDir::write()?;
         let timeout = cfg.in_place.map_or(Duration::ZERO, |c| c.timeout);
-        let channel = match (cfg.in_place, &cfg.hang) {
-            (Some(_), Some(_)) => {
-                tracing::info!("--hang-timeout is set: every re-formation restarts every worker (--in-place needs it unset)");
-                None
-            }
-            (Some(_), None) => Some(Channel::open()?),
-            (None, _) => None,
-        };
-        Ok(InPlace { channel, api, timeout, confirm: None, marking: tokio::task::JoinSet::new() })
+        let channel = cfg.in_place.map(|_| Channel::open()).transpose()?;
+        Ok(InPlace { channel, api, timeout, confirm: None, marking: tokio::task::JoinSet::new(), kept_progress: None })
+    }
+
+    /// Under hang detection, a stop or a start before the join that keeps workers: their progress table,
+    /// which the next start follows (`follow`).
+    pub(super) fn keep_progress(&mut self, progress: Option<Arc<Progress>>) {
+        self.kept_progress = progress;
+    }
+
+    /// The progress hooks of a start that takes up the kept workers of local ranks `kept`: their marks and
+    /// progress files come to the new table (`Progress::succeed`), so that a kept rank that stops is named
+    /// as any other. `hooks` unchanged when nothing was kept.
+    pub(super) fn follow(&mut self, hooks: &Hooks, kept: &[u32]) -> Hooks {
+        match self.kept_progress.take() {
+            Some(old) => Hooks { progress: old.succeed(kept, hooks.files.clone()), ..hooks.clone() },
+            None => hooks.clone(),
+        }
     }
 
     /// Once one of this node's workers says hello, marks the job as one whose workers re-form in place

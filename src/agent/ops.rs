@@ -273,6 +273,8 @@ impl Work {
         };
         if kept.is_empty() {
             self.group = None;
+        } else {
+            self.in_place.keep_progress(self.stacks.progress());
         }
         self.stacks.set(Vec::new(), None);
         Input::Stopped(failures)

@@ -71,6 +71,7 @@ impl Work {
         }
         let _ = group.stop(Signal::SIGKILL, self.cfg.shutdown_timeout, "a start before the join", &keep).await;
         if !keep.is_empty() {
+            self.in_place.keep_progress(prepared.attempt.progress().map(|hooks| hooks.progress.clone()));
             self.group = Some(group);
         } else if let Err(e) = self.rendezvous.forget_in_place().await {
             tracing::debug!("cannot forget the job's in-place mark: {e}");

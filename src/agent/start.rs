@@ -200,10 +200,15 @@ impl Work {
         let Some((round, master_addr, master_port)) = self.round.clone() else {
             return Input::Failed(AgentError::Internal("starting without a round".into()));
         };
-        let prepared = match self.prepare(nproc, excluded, restart_count).await {
+        let mut prepared = match self.prepare(nproc, excluded, restart_count).await {
             Ok(p) => p,
             Err(input) => return input,
         };
+        if let (Some(group), Some(hooks)) = (&self.group, prepared.attempt.progress()) {
+            let kept: Vec<u32> = group.running_workers().iter().map(|(rank, _)| *rank).collect();
+            let hooks = self.in_place.follow(hooks, &kept);
+            prepared.attempt = prepared.attempt.with_progress(hooks);
+        }
         let spec = self.spec(&prepared, nproc, &round, (master_addr, master_port), restart_count);
         let Prepared { plan, used, attempt, .. } = prepared;
         let cfg = &self.cfg;

@@ -1,7 +1,8 @@
 //! Progress: when each local rank last showed it was moving, from any of three sources, with no change to
 //! the script: a line of its output matching `--progress-pattern` (the pumps call [`Marker::mark`]), the
 //! modification time of its `MUSTER_PROGRESS_FILE` (read by [`Progress::poll_files`]), and a request on
-//! torch's file timer. One table per start of the group, shared by the pumps' threads (atomics, no lock).
+//! torch's file timer. One table per start of the group, shared by the pumps' threads (atomics; a lock only
+//! to follow a start that keeps workers in place, [`Progress::succeed`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -61,13 +62,39 @@ pub struct Progress {
     slots: Vec<Slot>,
     /// Each rank's progress file, when the job has them, and the modification time last seen.
     files: Vec<(PathBuf, std::sync::Mutex<Option<SystemTime>>)>,
+    /// The table of the start that kept this start's workers in place: their marks go on there.
+    next: std::sync::Mutex<Option<Arc<Progress>>>,
 }
 
 impl Progress {
     /// A table for `nproc` ranks; `files`: each rank's progress file (empty: none).
     pub fn new(nproc: u32, files: Vec<PathBuf>) -> Arc<Progress> {
-        let files = files.into_iter().map(|p| (p, std::sync::Mutex::new(None))).collect();
-        Arc::new(Progress { slots: (0..nproc).map(|_| Slot::default()).collect(), files })
+        Progress::table(nproc, files.into_iter().map(|p| (p, None)).collect())
+    }
+
+    fn table(nproc: u32, files: Vec<(PathBuf, Option<SystemTime>)>) -> Arc<Progress> {
+        let files = files.into_iter().map(|(p, seen)| (p, std::sync::Mutex::new(seen))).collect();
+        Arc::new(Progress { slots: (0..nproc).map(|_| Slot::default()).collect(), files, next: Default::default() })
+    }
+
+    /// The table of a start that keeps the workers of local ranks `kept` of this one in place: their
+    /// progress files stay theirs (`files` are the new start's), and the marks their output pumps (made for
+    /// this start) find are passed on to it. Every rank starts with no mark, as at any start: a kept worker
+    /// is judged from its first sign of progress after the re-formation.
+    pub fn succeed(self: &Arc<Self>, kept: &[u32], files: Vec<PathBuf>) -> Arc<Progress> {
+        let files = files
+            .into_iter()
+            .enumerate()
+            .map(|(rank, new)| match self.files.get(rank).filter(|_| kept.contains(&(rank as u32))) {
+                Some((old, seen)) => (old.clone(), seen.lock().ok().and_then(|s| *s)),
+                None => (new, None),
+            })
+            .collect();
+        let next = Progress::table(self.slots.len() as u32, files);
+        if let Ok(mut n) = self.next.lock() {
+            *n = Some(next.clone());
+        }
+        next
     }
 
     pub fn marker(self: &Arc<Self>, local_rank: u32) -> Marker {
@@ -77,6 +104,10 @@ impl Progress {
     pub fn mark(&self, local_rank: u32, at: SystemTime) {
         if let Some(slot) = self.slots.get(local_rank as usize) {
             slot.mark(unix_ms(at));
+        }
+        let next = self.next.lock().ok().and_then(|n| n.clone());
+        if let Some(next) = next {
+            next.mark(local_rank, at);
         }
     }
 
@@ -246,5 +277,23 @@ mod tests {
         let snap = p.snapshot();
         assert_eq!(snap[0].last_ms, Some(unix_ms(later)));
         assert_eq!(snap[1].last_ms, None);
+    }
+
+    /// A start that keeps local rank 0 in place: its file stays its own (no mark for what was seen), the
+    /// marks its old pump finds reach the new table, and rank 1 (started again) has the new file.
+    #[test]
+    fn a_kept_rank_s_marks_and_file_follow_it_to_the_next_start() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let old_files = create_files(&dir.path().join("0"), 2).expect("files");
+        let old = Progress::new(2, old_files.clone());
+        old.poll_files();
+        let new_files = create_files(&dir.path().join("1"), 2).expect("files");
+        let new = old.succeed(&[0], new_files.clone());
+        assert_eq!(new.files.iter().map(|(p, _)| p.clone()).collect::<Vec<_>>(), vec![old_files[0].clone(), new_files[1].clone()]);
+        new.poll_files();
+        assert!(new.snapshot().iter().all(|r| r.last_ms.is_none()), "no mark from a file seen before");
+        old.marker(0).mark();
+        let snap = new.snapshot();
+        assert!(snap[0].last_ms.is_some() && snap[1].last_ms.is_none(), "{snap:?}");
     }
 }

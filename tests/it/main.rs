@@ -24,6 +24,7 @@ mod gpu;
 mod hang;
 mod incidents;
 mod inplace;
+mod inplace_shapes;
 mod k8s;
 mod lemons;
 mod logs;

@@ -1,12 +1,13 @@
 """Every process group the script makes (the default one, a device mesh's, any `new_group`), and how a
 re-formation ends them all. gloo has no abort: a collective blocked on a peer that vanished ends only when
 its sockets do, so each group's TCP sockets are recorded as it is made (torch makes every group through
-one helper, patched here; the import order of the script does not matter, as torch calls it by its module
-global) and shut down when an assignment comes."""
+one helper, and meets at a store made by another, both patched here; the import order of the script does
+not matter, as torch calls them by their module globals) and shut down when an assignment comes."""
 
 from __future__ import annotations
 
 import functools
+import importlib
 import threading
 from typing import Any, Callable, Optional
 
@@ -16,6 +17,9 @@ from torch.distributed import distributed_c10d as c10d
 
 from . import _sockets
 
+# The module (`torch.distributed.rendezvous` as an attribute is the function of the same name).
+_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+
 # Every socket of every group made since the import (and of a default group made before it).
 _lock = threading.Lock()
 _owned: set[int] = set()
@@ -23,14 +27,16 @@ _owned: set[int] = set()
 _making: list[set[int]] = []
 
 
-def _record(helper: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(helper)
+def _record(make: Callable[..., Any]) -> Callable[..., Any]:
+    """`make`, recording the sockets it opens as the groups'."""
+
+    @functools.wraps(make)
     def made(*args: Any, **kwargs: Any) -> Any:
         before = _sockets.inodes()
         with _lock:
             _making.append(before)
         try:
-            return helper(*args, **kwargs)
+            return make(*args, **kwargs)
         finally:
             opened = _sockets.inodes() - before
             with _lock:
@@ -42,11 +48,13 @@ def _record(helper: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def install() -> None:
-    """Records the sockets of every group made from now on; a default group that exists already owns
-    every connected TCP socket there is (it is what made them)."""
+    """Records the sockets of every group made from now on, and of the stores their ranks meet at (a rank
+    waits there for a peer that never comes); a default group that exists already owns every connected TCP
+    socket there is (it is what made them)."""
     if getattr(c10d._new_process_group_helper, "__muster_inplace__", False):
         return
     c10d._new_process_group_helper = _record(c10d._new_process_group_helper)
+    _rendezvous._create_c10d_store = _record(_rendezvous._create_c10d_store)
     if dist.is_initialized():
         with _lock:
             _owned.update(_sockets.inodes())

@@ -39,9 +39,9 @@ class LostStateError(RuntimeError):
     def __init__(self, rank: int, place: str, version: int) -> None:
         self.rank, self.place, self.version = rank, place, version
         super().__init__(
-            f"no surviving rank holds the state rank {rank} needs ({place}) at step {version}: it was only in the "
-            "memory of a rank that is gone; the job restarts cold, from the script's checkpoint (a sharded state "
-            "with no replica cannot be restored in place)"
+            f"no surviving rank holds the state rank {rank} needs ({place}): it was only in the memory of a rank "
+            "that is gone; the job restarts cold, from the script's checkpoint (a sharded state with no replica "
+            "cannot be restored in place)"
         )
 
 

@@ -35,7 +35,7 @@ def _restored(state: State, how: str) -> None:
         moved += f" (copied {r.copied} bytes into the objects built for the new group)"
     if r.sent:
         moved += ", sent " + ", ".join(f"{b} bytes to rank {d}" for d, b in sorted(r.sent.items()))
-    _say(f"{how} at step {r.version}: {moved} in {r.seconds:.3f}s")
+    _say(f"{how} at optimizer step {r.version} of this start: {moved} in {r.seconds:.3f}s")
 
 
 def _reform(state: State, backend: Optional[str], channel: Channel, got: Assignment) -> None:

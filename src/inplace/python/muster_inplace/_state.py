@@ -4,13 +4,13 @@ on a device mesh, the builder that makes the objects that hold a process group f
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, Optional
 
 from . import _layout, _transfer
 from ._plan import NONE
 from ._transfer import Restore
 
-Builder = Callable[[], dict[str, Any]]
+Builder = Callable[[], Dict[str, Any]]
 
 
 class State:

@@ -22,7 +22,8 @@ from ._plan import NONE, Plan, Row, plan
 class Restore:
     """This rank's own account of its last restore: the step it holds now, the rank it received its part
     from (None: it kept its own), the bytes it received over the group, copied in its own memory (objects
-    rebuilt for the new group) and sent to each rank that lacked them, and how long it took."""
+    rebuilt for the new group) and sent to each rank that lacked them, how long it took, and how long of that
+    the tensors took to move (received or sent)."""
 
     version: int
     source: Optional[int] = None
@@ -30,6 +31,7 @@ class Restore:
     copied: int = 0
     sent: dict[int, int] = field(default_factory=dict)
     seconds: float = 0.0
+    moving: float = 0.0
     # Whether the state came from the ranks that kept it (a re-formation); False at a start where no rank
     # kept anything, where the script loads its checkpoint.
     kept: bool = False
@@ -118,6 +120,7 @@ def restore(
     dist.all_gather_object(rows, row)
     agreed = plan(rows)
     me = dist.get_rank()
+    moving = time.monotonic()
     sent = {r: _send(have, r) for r, s in sorted(agreed.sources.items()) if s == me and have is not None}
     account = Restore(version=agreed.version, sent=sent, kept=True)
     values = needed
@@ -125,11 +128,13 @@ def restore(
         if not rebuilt:
             forget()
         others, received = _receive(need, agreed.sources[me])
-        values = _load(needed, need, others)
         account = Restore(agreed.version, agreed.sources[me], received=received, sent=sent, kept=True)
-    elif rebuilt and have is not None:
-        copied = _copy(have, need)
-        values = _load(needed, need, have.others)
-        account = Restore(agreed.version, copied=copied, sent=sent, kept=True)
+        moving = time.monotonic() - moving
+        values = _load(needed, need, others)
+    else:
+        moving = time.monotonic() - moving
+        if rebuilt and have is not None:
+            account = Restore(agreed.version, copied=_copy(have, need), sent=sent, kept=True)
+            values = _load(needed, need, have.others)
     _layout.clear_grads(values)
-    return agreed, dataclasses.replace(account, seconds=time.monotonic() - started), values
+    return agreed, dataclasses.replace(account, seconds=time.monotonic() - started, moving=moving), values
