@@ -80,6 +80,7 @@ print(json.dumps({
     "plain_torchrun_steps_per_s": [round(r["steps_per_s"], 4) for r in p],
     "api_muster_steps_per_s": [round(r["steps_per_s"], 4) for r in q],
     "ratio_of_medians": round(sq / sp, 4),
+    "vote_ms": [round(r["vote_ms"], 3) for r in q],
     "peak_rss_mb": {"plain": max(r["peak_rss_mb"] for r in p), "api": max(r["peak_rss_mb"] for r in q)},
     "fault": lines(fault)[-1] if os.path.exists(fault) else None,
     "restores": restores,

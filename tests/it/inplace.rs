@@ -46,20 +46,9 @@ impl Job<'_> {
 
     /// Agent `node` (`a` hosts the store; the others reach it at `endpoint`), with `envs`.
     fn agent(&self, node: &str, endpoint: &str, envs: &[(&str, String)]) -> Agent {
-        let host = if node == "a" { "is_host=1," } else { "" };
-        let args = AgentArgs::c10d(self.nnodes, endpoint)
-            .nproc(2)
-            // Both nodes in the first round (MAX seals it at once); a shrink waits for no last call.
-            .conf(format!("{host}last_call_timeout=30"))
-            .run_id(&self.run_id)
-            .ranked(node)
-            .opts(&self.extra)
-            .script(fixture("inplace_train.py"))
-            .arg(self.dir)
-            .arg(STEPS.to_string())
-            .arg(self.holds)
-            .build();
-        Agent::start_with_env(node, &args, envs)
+        let script = [self.dir.display().to_string(), STEPS.to_string(), self.holds.to_string()];
+        let args = two_worker_node(node, endpoint, self.nnodes, &self.run_id, &self.extra).script(fixture("inplace_train.py")).args(script);
+        Agent::start_with_env(node, &args.build(), envs)
     }
 
     /// Agents a and b.
@@ -68,6 +57,19 @@ impl Job<'_> {
         let b = self.agent("b", &format!("127.0.0.1:{}", a.hosted_port()), &[]);
         (a, b)
     }
+}
+
+/// The arguments of agent `node` of an in-place test job, two workers (`a` hosts the store; the others reach
+/// it at `endpoint`), before its script.
+pub(crate) fn two_worker_node(node: &str, endpoint: &str, nnodes: &str, run_id: &str, extra: &[String]) -> AgentArgs {
+    let host = if node == "a" { "is_host=1," } else { "" };
+    AgentArgs::c10d(nnodes, endpoint)
+        .nproc(2)
+        // Both nodes in the first round (MAX seals it at once); a shrink waits for no last call.
+        .conf(format!("{host}last_call_timeout=30"))
+        .run_id(run_id)
+        .ranked(node)
+        .opts(extra)
 }
 
 /// Two agents of two workers each running the fixture (`steps`, holding at `holds`).

@@ -37,18 +37,19 @@ impl Job<'_> {
     }
 
     fn agent(&self, node: &str, endpoint: &str) -> Agent {
-        let host = if node == "a" { "is_host=1," } else { "" };
-        let args = AgentArgs::c10d(self.nnodes, endpoint)
-            .nproc(2)
-            .conf(format!("{host}last_call_timeout=30"))
-            .run_id(&self.run_id)
-            .ranked(node)
-            .opts(&self.extra)
-            .script(fixture("inplace_shapes.py"))
-            .arg(self.dir)
-            .args([self.shape.to_string(), STEPS.to_string(), self.holds.to_string()])
-            .build();
-        Agent::start_with_env(node, &args, &self.env)
+        let script = [self.dir.display().to_string(), self.shape.to_string(), STEPS.to_string(), self.holds.to_string()];
+        let args = inplace::two_worker_node(node, endpoint, self.nnodes, &self.run_id, &self.extra).script(fixture("inplace_shapes.py")).args(script);
+        Agent::start_with_env(node, &args.build(), &self.env)
+    }
+
+    /// Both nodes started; once every rank waits at step 20, node b's agent SIGKILLed (its workers with it).
+    /// Agent a, and each rank's processes until then.
+    fn lose_b_at_step_20(&self) -> (Agent, BTreeMap<u32, Vec<i32>>) {
+        let (a, mut b) = self.start();
+        assert!(eventually(LONG, || inplace::all_at(self.dir, 0..4, 20)), "every rank at step 20\n{}\n---\n{}", a.log(), b.log());
+        let first = pids_by_rank(self.dir);
+        b.guard.0.kill().expect("SIGKILL b's agent");
+        (a, first)
     }
 
     /// Agents a (hosting the store) and b.
@@ -180,6 +181,13 @@ fn assert_only_the_new_received(dir: &Path, kept: &BTreeSet<i32>, same_part: imp
     assert!(all.iter().any(|r| r.sent > 0), "{all:?}");
 }
 
+/// No bound waited out, only the new processes received, and the final state is the fault-free run's.
+fn assert_in_place_and_fault_free(dir: &Path, kept: &BTreeSet<i32>, same_part: impl Fn(u32, u32) -> bool, want: &[f64], logs: &str) {
+    assert_no_bound_waited(logs);
+    assert_only_the_new_received(dir, kept, same_part, logs);
+    assert_close(&final_state(dir), want, logs);
+}
+
 /// A worker SIGKILLed as its step's backward begins (rank 1, step 11) and another in the optimizer step,
 /// after the vote (rank 2, step 21): the other three keep their processes each time, the new one receives
 /// its part, and the job ends with the fault-free weights.
@@ -192,10 +200,8 @@ fn two_workers_die_and_the_others_stay(shape: &'static str, same_part: impl Fn(u
     let pids = pids_by_rank(dir.path());
     let counts: Vec<usize> = (0..4).map(|r| pids.get(&r).map_or(0, Vec::len)).collect();
     assert_eq!(counts, [1, 2, 2, 1], "ranks 0 and 3 kept their processes, 1 and 2 started once more: {pids:?}\n{logs}");
-    assert_no_bound_waited(&logs);
     let kept: BTreeSet<i32> = pids.values().map(|p| p[0]).collect();
-    assert_only_the_new_received(dir.path(), &kept, same_part, &logs);
-    assert_close(&final_state(dir.path()), want, &logs);
+    assert_in_place_and_fault_free(dir.path(), &kept, same_part, want, &logs);
 }
 
 #[test]
@@ -237,10 +243,7 @@ fn a_lost_node_and_a_joiner(shape: &'static str, same_part: impl Fn(u32, u32) ->
     let want = reference(shape);
     let dir = tempfile::tempdir().expect("tempdir");
     let job = Job::new(dir.path(), shape, "1:2", "20", "grow");
-    let (mut a, mut b) = job.start();
-    assert!(eventually(LONG, || inplace::all_at(dir.path(), 0..4, 20)), "every rank at step 20\n{}\n---\n{}", a.log(), b.log());
-    let first = pids_by_rank(dir.path());
-    b.guard.0.kill().expect("SIGKILL b's agent");
+    let (mut a, first) = job.lose_b_at_step_20();
     // a's two workers re-formed in a world of 2 (they wait at step 20 again).
     assert!(eventually(LONG, || calls(dir.path()).len() == 6), "a's workers re-formed: {:?}\n{}", calls(dir.path()), a.log());
     let mut c = job.agent("c", &format!("127.0.0.1:{}", a.hosted_port()));
@@ -253,10 +256,8 @@ fn a_lost_node_and_a_joiner(shape: &'static str, same_part: impl Fn(u32, u32) ->
     for rank in [0, 1] {
         assert_eq!(pids[&rank], first[&rank], "a's rank {rank} kept its process\n{logs}");
     }
-    assert_no_bound_waited(&logs);
     let kept: BTreeSet<i32> = [first[&0][0], first[&1][0]].into();
-    assert_only_the_new_received(dir.path(), &kept, same_part, &logs);
-    assert_close(&final_state(dir.path()), want, &logs);
+    assert_in_place_and_fault_free(dir.path(), &kept, same_part, want, &logs);
 }
 
 #[test]
@@ -277,10 +278,7 @@ fn an_hsdp_job_keeps_its_survivors_through_a_lost_node_and_a_joiner() {
 fn an_fsdp2_job_that_loses_a_node_says_which_shard_and_starts_cold() {
     let dir = tempfile::tempdir().expect("tempdir");
     let job = Job::new(dir.path(), "fsdp", "1:2", "20", "gone");
-    let (mut a, mut b) = job.start();
-    assert!(eventually(LONG, || inplace::all_at(dir.path(), 0..4, 20)), "every rank at step 20\n{}\n---\n{}", a.log(), b.log());
-    let first = pids_by_rank(dir.path());
-    b.guard.0.kill().expect("SIGKILL b's agent");
+    let (mut a, first) = job.lose_b_at_step_20();
     let cold = || pids_by_rank(dir.path()).iter().filter(|(r, _)| **r < 2).all(|(_, p)| p.len() == 2);
     assert!(eventually(LONG, cold), "a's ranks started cold: {:?}\n{}", calls(dir.path()), a.log());
     std::fs::write(dir.path().join("go-20"), "").expect("go");
@@ -294,11 +292,10 @@ fn an_fsdp2_job_that_loses_a_node_says_which_shard_and_starts_cold() {
 /// With `--hang-timeout`: a worker's death still re-forms in place (ranks 0, 2 and 3 keep their processes,
 /// watched for progress as before), and a rank that then stops (rank 2 asleep at step 16) is named and the
 /// group restarts cold, from the checkpoint of step 15, to the fault-free weights.
-#[test]
-fn with_hang_detection_a_death_is_kept_in_place_and_a_hang_restarts_cold() {
-    let want = reference("ddp");
+fn with_hang_detection(shape: &'static str) {
+    let want = reference(shape);
     let dir = tempfile::tempdir().expect("tempdir");
-    let mut job = Job::new(dir.path(), "ddp", "2", "-1", "hang");
+    let mut job = Job::new(dir.path(), shape, "2", "-1", "hang");
     job.extra.extend(["--hang-timeout=8".into(), "--progress-pattern=step \\d+".into()]);
     job.env.extend([("INPLACE_KILL", "1:11:backward".into()), ("INPLACE_STALL", "2:16".into())]);
     let logs = job.finish();
@@ -311,4 +308,14 @@ fn with_hang_detection_a_death_is_kept_in_place_and_a_hang_restarts_cold() {
     }
     assert!(logs.contains("local rank 0) made no progress since "), "b's local rank 0 (rank 2) is named\n{logs}");
     assert_close(&final_state(dir.path()), want, &logs);
+}
+
+#[test]
+fn with_hang_detection_a_ddp_job_keeps_a_death_in_place_and_restarts_a_hang_cold() {
+    with_hang_detection("ddp");
+}
+
+#[test]
+fn with_hang_detection_an_hsdp_job_keeps_a_death_in_place_and_restarts_a_hang_cold() {
+    with_hang_detection("hsdp");
 }
