@@ -53,7 +53,6 @@ def train(state):
         ((ddp(x) - y) ** 2).mean().backward()
         state.optimizer.step()
         state.step += 1
-        state.commit()
         log(f"{time.time():.6f} {world} {generation:.6f}")
         time.sleep(0.02)
 
