@@ -42,6 +42,10 @@ def parse_args():
     p.add_argument("--backbone-mb", type=int, default=8,
                    help="size of the frozen backbone every start loads from the checkpoint directory")
     p.add_argument("--step-sleep", type=float, default=0.0, help="seconds each step sleeps (a harness paces it)")
+    p.add_argument("--width", type=int, default=HIDDEN, help="the hidden layers' width")
+    p.add_argument("--layers", type=int, default=1,
+                   help="hidden layers (--width 4096 --layers 7: 101M parameters, a real-size state)")
+    p.add_argument("--optimizer", choices=["adam", "adamw"], default="adam")
     p.add_argument("--step-log", default=None,
                    help="a harness's record: every rank appends 'start <unix time> <rank> <pid> <restart count> "
                         "<world size>' each time it (re)starts training, rank 0 'step <unix time> <step>' after "
@@ -90,8 +94,9 @@ ckpt_path = os.path.join(ckpt_dir, "checkpoint.pt")
 dataset = data(load_backbone(ckpt_dir, args.backbone_mb))
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, 1))
-optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
+hidden = [m for _ in range(args.layers - 1) for m in (torch.nn.Linear(args.width, args.width), torch.nn.ReLU())]
+model = torch.nn.Sequential(torch.nn.Linear(FEATURES, args.width), torch.nn.ReLU(), *hidden, torch.nn.Linear(args.width, 1))
+optimizer = (torch.optim.AdamW if args.optimizer == "adamw" else torch.optim.Adam)(model.parameters(), lr=args.lr)
 state = muster_inplace.State(model=model, optimizer=optimizer, step=0)
 # A cold start resumes from the last checkpoint; in place, the state the survivors kept wins over it.
 if os.path.exists(ckpt_path):

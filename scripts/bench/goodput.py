@@ -45,12 +45,17 @@ def parse_args():
     p.add_argument("--replace-after", type=float, default=5.0, help="R: seconds before a gone node is replaced")
     p.add_argument("--deadline-factor", type=float, default=2.0)
     p.add_argument("--stall", type=float, default=120.0, help="after the last fault: no step for this long is stuck")
+    p.add_argument("--model", default="", help="the training script's model arguments (the 100M model: "
+                   "'--width=4096 --layers=7 --optimizer=adamw')")
+    p.add_argument("--reference-steps", type=int, default=40,
+                   help="steps of the fault-free reference: the plain script under torchrun, whose median step "
+                        "time every ETTR is measured against and the jobs are sized by")
     return p.parse_args()
 
 
 class Job:
-    def __init__(self, args, launcher, seed):
-        self.args, self.launcher, self.seed = args, launcher, seed
+    def __init__(self, args, launcher, seed, steps):
+        self.args, self.launcher, self.seed, self.total = args, launcher, seed, steps
         self.dir = os.path.join(args.work, f"{launcher}-{seed}")
         os.makedirs(self.dir, exist_ok=True)
         self.steplog = os.path.join(self.dir, "steps.log")
@@ -72,7 +77,7 @@ class Job:
         conf = "is_host=1" if host else "is_host=0"
         script = [a.train, f"--steps={steps}", f"--ckpt-every={a.ckpt_every}", f"--step-sleep={a.step_sleep}",
                   f"--step-log={self.steplog}", f"--ckpt-dir={os.path.join(self.dir, 'ckpt')}",
-                  f"--backbone-mb={a.backbone_mb}"]
+                  f"--backbone-mb={a.backbone_mb}", *a.model.split()]
         if self.launcher == "torchrun":
             return [a.torchrun, *common, f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-conf={conf}", *script]
         endpoint = "127.0.0.1:0" if host else f"127.0.0.1:{self.port}"
@@ -86,8 +91,7 @@ class Job:
         return [a.muster, *common, *own, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
 
     def steps(self):
-        """Sized so that a fault-free run takes about M minutes."""
-        return max(10, int(self.args.minutes * 60 / (self.args.step_sleep + 0.01)))
+        return self.total
 
     def start(self, name):
         host = name == "a"
@@ -166,14 +170,30 @@ def read_log(path):
     return out
 
 
-def run(args, launcher, seed):
-    job = Job(args, launcher, seed)
+def reference(args):
+    """The plain script's fault-free step time under torchrun (the API does nothing there): the median gap
+    between its steps over `--reference-steps`, the first few (warm-up) left out."""
+    job = Job(args, "torchrun", "reference", args.reference_steps)
+    job.start("a")
+    job.start("b")
+    wait_for(lambda: not job.alive("a"), 60 + 60 * args.reference_steps, "end of the fault-free reference")
+    job.stop()
+    times = [float(f[0]) for kind, f in read_log(job.steplog) if kind == "step"][3:]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    if not gaps:
+        sys.exit(f"goodput: the fault-free reference made no steps (see {job.dir})")
+    return statistics.median(gaps)
+
+
+def run(args, launcher, seed, clean):
+    # Sized so that a fault-free run of the plain script takes about M minutes.
+    job = Job(args, launcher, seed, max(10, int(args.minutes * 60 / clean)))
     rng = random.Random(seed)
     began = time.time()
     job.start("a")
     job.start("b")
     wait_for(lambda: any(k == "step" for k, _ in read_log(job.steplog)), 180, "first step")
-    clean_wall = job.steps() * (args.step_sleep + 0.01)
+    clean_wall = job.steps() * clean
     deadline = began + clean_wall * args.deadline_factor
     next_fault = began + args.interval
     last_fault = began + args.minutes * 60
@@ -199,10 +219,10 @@ def run(args, launcher, seed):
     job.stop()
     # A job that did not finish had the whole window to train in.
     window = ended - began if finished else max(ended - began, args.minutes * 60)
-    return analyse(job, began, window, finished)
+    return analyse(job, window, finished, clean)
 
 
-def analyse(job, began, wall, finished):
+def analyse(job, wall, finished, reference_step):
     events = read_log(job.steplog)
     steps, attempts = [], []  # (time, step, attempt)
     attempt = 0
@@ -227,8 +247,8 @@ def analyse(job, began, wall, finished):
         recover.append(first - t if first else float("inf"))
     finite = sorted(r for r in recover if r != float("inf"))
     return {
-        "launcher": job.launcher, "seed": job.seed, "ettr": useful * clean / wall if wall > 0 else 0.0,
-        "clean_step_s": clean, "useful_steps": useful, "wall_s": wall, "faults": len(job.faults),
+        "launcher": job.launcher, "seed": job.seed, "ettr": useful * reference_step / wall if wall > 0 else 0.0,
+        "reference_step_s": reference_step, "clean_step_s": clean, "useful_steps": useful, "wall_s": wall, "faults": len(job.faults),
         "fault_kinds": [k for _, k in job.faults],
         "recover_mean_s": statistics.mean(finite) if finite else None,
         "recover_p95_s": finite[min(len(finite) - 1, int(round(0.95 * (len(finite) - 1))))] if finite else None,
@@ -286,11 +306,15 @@ def account_table(results):
 def main():
     args = parse_args()
     results = []
+    launchers = args.launchers.split(",")
+    for launcher in launchers:
+        if launcher not in LAUNCHERS:
+            sys.exit(f"goodput: unknown launcher '{launcher}' (use {', '.join(LAUNCHERS)})")
+    clean = reference(args)
+    print(json.dumps({"reference": "torchrun, fault-free", "step_s": clean}), flush=True)
     for seed in [int(s) for s in args.seeds.split(",")]:
-        for launcher in args.launchers.split(","):
-            if launcher not in LAUNCHERS:
-                sys.exit(f"goodput: unknown launcher '{launcher}' (use {', '.join(LAUNCHERS)})")
-            r = run(args, launcher, seed)
+        for launcher in launchers:
+            r = run(args, launcher, seed, clean)
             print(json.dumps(r), flush=True)
             results.append(r)
     with open(os.path.join(args.work, "results.json"), "w") as f:

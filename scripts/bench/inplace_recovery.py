@@ -36,6 +36,8 @@ def parse_args():
     p.add_argument("--ckpt-mb", type=int, default=300)
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--warm-wait", type=float, default=6.0)
+    p.add_argument("--model", choices=["small", "big"], default="small",
+                   help="the workers' model: big is 101M parameters with AdamW (1.2 GB of state)")
     return p.parse_args()
 
 
@@ -135,6 +137,8 @@ def p95(values):
 
 def main():
     args = parse_args()
+    # The workers inherit it through their agents.
+    os.environ["BENCH_MODEL"] = args.model
     os.makedirs(args.work, exist_ok=True)
     checkpoint = os.path.join(args.work, f"checkpoint-{args.ckpt_mb}mb.pt")
     import torch

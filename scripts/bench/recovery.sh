@@ -25,6 +25,7 @@
 # spares) and muster-inplace (in place, with warm spares): the time from a worker's crash, or from the second
 # agent's SIGKILL, to the survivors' first step (median and p95 of RUNS runs). Goals: muster-inplace within
 # 1 s of both (a peer's loss: the group shrinks; a worker's death: its replacement comes from a spare).
+# TRAINING_MODEL=big: the workers train 101M parameters with AdamW (1.2 GB of state) instead of a small model.
 #
 # SCENARIOS picks the scenarios (default "crash agent-kill drain").
 # METRICS=1 runs every muster agent with --metrics-port=0 and scrapes each one's /metrics every 100 ms
@@ -358,5 +359,5 @@ if [ "$TRAINING" = 1 ]; then
     echo "training table: the survivors' first step after a fault (each start loads a ${CKPT_MB} MB checkpoint)"
     "$MUSTER_PYTHON" scripts/bench/inplace_recovery.py --muster "$MUSTER" --torchrun "$TORCHRUN" \
         --api "$PWD/src/inplace/python" --work "$work/training" --runs "$RUNS" --ckpt-mb "$CKPT_MB" \
-        --timeout "$DETECT_TIMEOUT" --warm-wait "$WARM_WAIT"
+        --timeout "$DETECT_TIMEOUT" --warm-wait "$WARM_WAIT" --model "${TRAINING_MODEL:-small}"
 fi
