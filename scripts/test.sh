@@ -47,7 +47,7 @@ if [ $# -eq 0 ]; then
     cargo test --quiet -p muster --lib --bins -- --test-threads="$threads"
     cargo test --quiet -p muster --doc
     # The in-place API's pure parts (the restore's plan), with the venv's torch.
-    (cd src/inplace/python && "$MUSTER_PYTHON" -m unittest discover -s tests)
+    (cd src/inplace/python && PYTHONDONTWRITEBYTECODE=1 "$MUSTER_PYTHON" -m unittest discover -s tests)
     filter="" skip=()
     for module in $(it_modules); do
         it_tests "$module"
