@@ -55,7 +55,7 @@ def parse_args():
 
 class Job:
     def __init__(self, args, launcher, seed, steps):
-        self.args, self.launcher, self.seed, self.total = args, launcher, seed, steps
+        self.args, self.launcher, self.seed, self.steps = args, launcher, seed, steps
         self.dir = os.path.join(args.work, f"{launcher}-{seed}")
         os.makedirs(self.dir, exist_ok=True)
         self.steplog = os.path.join(self.dir, "steps.log")
@@ -68,7 +68,7 @@ class Job:
     def command(self, name):
         a = self.args
         host = name == "a"
-        steps = self.steps()
+        steps = self.steps
         common = ["--nnodes=1:2", "--nproc-per-node=2", "--rdzv-backend=c10d", f"--rdzv-id={self.run_id}",
                   "--max-restarts=100"]
         if self.launcher in ("muster-warm", "muster-inplace"):
@@ -89,9 +89,6 @@ class Job:
         else:
             own += ["--in-place=off", "--hang-timeout=300", r"--progress-pattern=step \d+"]
         return [a.muster, *common, *own, f"--rdzv-endpoint={endpoint}", f"--rdzv-conf={conf}", *script]
-
-    def steps(self):
-        return self.total
 
     def start(self, name):
         host = name == "a"
@@ -193,7 +190,7 @@ def run(args, launcher, seed, clean):
     job.start("a")
     job.start("b")
     wait_for(lambda: any(k == "step" for k, _ in read_log(job.steplog)), 180, "first step")
-    clean_wall = job.steps() * clean
+    clean_wall = job.steps * clean
     deadline = began + clean_wall * args.deadline_factor
     next_fault = began + args.interval
     last_fault = began + args.minutes * 60

@@ -98,3 +98,10 @@ def ensure(backend: Optional[str]) -> str:
     if dist.is_initialized():
         return str(dist.get_backend())
     return init(backend)
+
+
+def device() -> torch.device:
+    """Where a collective of the default group runs: the current GPU under nccl, else the CPU."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")

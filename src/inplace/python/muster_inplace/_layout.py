@@ -12,10 +12,12 @@ from typing import Any, Iterator
 import torch
 
 try:
+    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-except ImportError:  # a torch without DTensor: every tensor is a plain one
+except ImportError:  # a torch without DTensor nor FSDP2: every tensor is a plain one
     DTensor = None  # type: ignore[assignment,misc]
+    FSDPModule = None  # type: ignore[assignment,misc]
 
 
 def stateful(value: object) -> bool:
@@ -67,7 +69,7 @@ def _place(t: Any) -> str:
     names = mesh.mesh_dim_names or tuple(str(i) for i in range(mesh.ndim))
     coordinate = mesh.get_coordinate() or ()
     parts = [
-        f"{name} {c} of {n}" if "Shard" in type(p).__name__ else f"{name}: a replica"
+        f"{name} {c} of {n}" if p.is_shard() else f"{name}: a replica"
         for name, c, n, p in zip(names, coordinate, mesh.shape, t.placements)
     ]
     return "mesh " + ", ".join(parts)
@@ -80,7 +82,7 @@ def leaves(values: dict[str, Any]) -> Leaves:
     for name, value in values.items():
         if isinstance(value, torch.nn.Module):
             for m in value.modules():
-                if callable(getattr(m, "reshard", None)) and type(m).__name__.startswith("FSDP"):
+                if FSDPModule is not None and isinstance(m, FSDPModule):
                     m.reshard()
         tree[name] = value.state_dict() if stateful(value) else value
     tensors: list[tuple[str, torch.Tensor]] = []

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from . import _layout, _vote
+from . import _groups, _layout, _vote
 from ._plan import NONE, Plan, Row, plan
 
 
@@ -37,15 +37,9 @@ class Restore:
     kept: bool = False
 
 
-def _device() -> torch.device:
-    if dist.get_backend() == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
 def _versions(version: int) -> list[int]:
-    mine = torch.tensor([version], dtype=torch.int64, device=_device())
-    every = [torch.zeros(1, dtype=torch.int64, device=_device()) for _ in range(dist.get_world_size())]
+    mine = torch.tensor([version], dtype=torch.int64, device=_groups.device())
+    every = [torch.zeros(1, dtype=torch.int64, device=_groups.device()) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)
     return [int(t.item()) for t in every]
 

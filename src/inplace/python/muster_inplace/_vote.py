@@ -15,6 +15,8 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from . import _groups
+
 _paused = 0
 
 
@@ -30,9 +32,7 @@ def paused() -> Iterator[None]:
 
 
 def _vote() -> None:
-    backend = dist.get_backend()
-    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    flag = torch.ones(1, device=device)
+    flag = torch.ones(1, device=_groups.device())
     dist.all_reduce(flag)
     # The result is read, so that on a GPU the step waits for the vote (and its failure raises here).
     if int(flag.item()) != dist.get_world_size():
